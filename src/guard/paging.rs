@@ -1,0 +1,364 @@
+//! The page walker: guest-linear to guest-physical translation through the
+//! guest's own 4-level page tables, with the checks the CPU makes for each
+//! kind of access, and the Accessed/Dirty updates a CPU access would make.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use vm_memory::{
+    Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion, VolatileMemory,
+};
+
+use super::GuestMemory;
+use super::error::{GuardError, Level};
+
+const PTE_PRESENT: u64 = 1 << 0;
+const PTE_WRITABLE: u64 = 1 << 1;
+const PTE_USER: u64 = 1 << 2;
+const PTE_ACCESSED: u64 = 1 << 5;
+const PTE_DIRTY: u64 = 1 << 6;
+const PTE_LARGE: u64 = 1 << 7;
+const PTE_NX: u64 = 1 << 63;
+/// Address bits 51:12 of a paging entry.
+const PTE_ADDR: u64 = 0x000F_FFFF_FFFF_F000;
+
+const CR0_PG: u64 = 1 << 31;
+const CR0_WP: u64 = 1 << 16;
+const CR4_PAE: u64 = 1 << 5;
+const CR4_LA57: u64 = 1 << 12;
+const CR4_SMEP: u64 = 1 << 20;
+const CR4_SMAP: u64 = 1 << 21;
+const EFER_LMA: u64 = 1 << 10;
+const EFER_NXE: u64 = 1 << 11;
+
+/// How often a walk is retried when another vCPU changes an entry between
+/// the read and the Accessed/Dirty update.
+const WALK_ATTEMPTS: usize = 8;
+
+/// The kind of access a translation is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Access {
+    /// A CPL3 load (LWPCB reads).
+    UserRead,
+    /// A CPL3 store (LWPCB updates, ring records).
+    UserWrite,
+    /// A supervisor load (exception frames, paravirtual call areas).
+    SupervisorRead,
+    /// A supervisor store.
+    SupervisorWrite,
+    /// A CPL3 instruction fetch.
+    UserFetch,
+    /// A supervisor instruction fetch.
+    SupervisorFetch,
+}
+
+impl Access {
+    /// True for CPL3 accesses.
+    pub fn is_user(self) -> bool {
+        matches!(self, Access::UserRead | Access::UserWrite | Access::UserFetch)
+    }
+
+    /// True for stores.
+    pub fn is_write(self) -> bool {
+        matches!(self, Access::UserWrite | Access::SupervisorWrite)
+    }
+
+    /// True for instruction fetches.
+    pub fn is_fetch(self) -> bool {
+        matches!(self, Access::UserFetch | Access::SupervisorFetch)
+    }
+}
+
+/// The paging state of a vCPU, taken from its control registers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Paging {
+    pml4: u64,
+    reserved_phys: u64,
+    write_protect: bool,
+    nx_enabled: bool,
+    smep: bool,
+    smap: bool,
+}
+
+impl Paging {
+    /// Paging as the CPU would do it with these registers. `maxphyaddr` is
+    /// the guest's physical-address width (CPUID 0x8000_0008.EAX[7:0]).
+    /// Anything but 4-level long-mode paging is refused.
+    pub fn from_regs(
+        cr0: u64,
+        cr3: u64,
+        cr4: u64,
+        efer: u64,
+        maxphyaddr: u8,
+    ) -> Result<Paging, GuardError> {
+        if cr0 & CR0_PG == 0 || cr4 & CR4_PAE == 0 || efer & EFER_LMA == 0 {
+            return Err(GuardError::UnsupportedPaging(
+                "not in long mode (CR0.PG, CR4.PAE and EFER.LMA are needed)",
+            ));
+        }
+        if cr4 & CR4_LA57 != 0 {
+            return Err(GuardError::UnsupportedPaging(
+                "5-level paging (CR4.LA57) is not supported",
+            ));
+        }
+        let width = u32::from(maxphyaddr.clamp(32, 52));
+        let phys_mask = (1u64 << width) - 1;
+        Ok(Paging {
+            pml4: cr3 & PTE_ADDR & phys_mask,
+            reserved_phys: PTE_ADDR & !phys_mask,
+            write_protect: cr0 & CR0_WP != 0,
+            nx_enabled: efer & EFER_NXE != 0,
+            smep: cr4 & CR4_SMEP != 0,
+            smap: cr4 & CR4_SMAP != 0,
+        })
+    }
+
+    /// Physical address of the PML4 table (CR3 with PCID and flag bits
+    /// masked).
+    pub fn pml4(&self) -> u64 {
+        self.pml4
+    }
+}
+
+/// A successful translation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Translation {
+    /// The guest-physical address of the linear address.
+    pub gpa: u64,
+    /// Bytes from the address to the end of the page that maps it.
+    pub page_remaining: u64,
+}
+
+/// True when bits 63:47 of `address` are all equal.
+pub fn is_canonical(address: u64) -> bool {
+    let top = (address as i64) >> 47;
+    top == 0 || top == -1
+}
+
+struct Walked {
+    entries: [(u64, u64); 4],
+    depth: usize,
+    translation: Translation,
+}
+
+/// Whether a translation marks the entries it uses as a real access does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Marking {
+    /// Set Accessed, and Dirty for stores (an access that happens).
+    SetAccessedDirty,
+    /// Leave the entries alone (a probe: nothing is accessed yet).
+    Probe,
+}
+
+/// Translates `address` for `access`. With [`Marking::SetAccessedDirty`] it
+/// sets Accessed (and Dirty for stores) in the entries used, atomically
+/// against other vCPUs.
+pub fn translate(
+    mem: &GuestMemory,
+    paging: &Paging,
+    address: u64,
+    access: Access,
+    marking: Marking,
+) -> Result<Translation, GuardError> {
+    if !is_canonical(address) {
+        return Err(GuardError::NonCanonical { address });
+    }
+    for _ in 0..WALK_ATTEMPTS {
+        let walked = walk(mem, paging, address, access)?;
+        if marking == Marking::Probe || set_accessed_dirty(mem, &walked, access)? {
+            return Ok(walked.translation);
+        }
+    }
+    Err(GuardError::Contended { address })
+}
+
+fn walk(
+    mem: &GuestMemory,
+    paging: &Paging,
+    address: u64,
+    access: Access,
+) -> Result<Walked, GuardError> {
+    let mut table = paging.pml4;
+    let mut entries = [(0u64, 0u64); 4];
+    let mut supervisor_at: Option<Level> = None;
+    let mut read_only_at: Option<Level> = None;
+    let mut no_execute = false;
+    for (depth, level) in Level::WALK.into_iter().enumerate() {
+        let index = (address >> level.shift()) & 0x1ff;
+        let gpa = table | (index * 8);
+        let entry: u64 = mem
+            .load(GuestAddress(gpa), Ordering::Acquire)
+            .map_err(|_| GuardError::TableOutsideRam {
+                address,
+                level,
+                gpa,
+            })?;
+        if entry & PTE_PRESENT == 0 {
+            return Err(GuardError::NotPresent {
+                address,
+                level,
+                access,
+            });
+        }
+        let leaf = level == Level::Pt || (entry & PTE_LARGE != 0 && level != Level::Pml4);
+        if entry & reserved_bits(paging, level, entry) != 0 {
+            return Err(GuardError::ReservedBit {
+                address,
+                level,
+                access,
+            });
+        }
+        if entry & PTE_USER == 0 && supervisor_at.is_none() {
+            supervisor_at = Some(level);
+        }
+        if entry & PTE_WRITABLE == 0 && read_only_at.is_none() {
+            read_only_at = Some(level);
+        }
+        no_execute |= paging.nx_enabled && entry & PTE_NX != 0;
+        entries[depth] = (gpa, entry);
+        if leaf {
+            let page_size = 1u64 << level.shift();
+            let offset = address & (page_size - 1);
+            let base = entry & PTE_ADDR & !(page_size - 1);
+            check_permissions(paging, address, access, supervisor_at, read_only_at, no_execute)?;
+            return Ok(Walked {
+                entries,
+                depth: depth + 1,
+                translation: Translation {
+                    gpa: base | offset,
+                    page_remaining: page_size - offset,
+                },
+            });
+        }
+        table = entry & PTE_ADDR;
+    }
+    unreachable!("the page-table level loop always returns at Level::Pt")
+}
+
+fn reserved_bits(paging: &Paging, level: Level, entry: u64) -> u64 {
+    let mut reserved = paging.reserved_phys;
+    if !paging.nx_enabled {
+        reserved |= PTE_NX;
+    }
+    let large = entry & PTE_LARGE != 0;
+    reserved |= match level {
+        Level::Pml4 => PTE_LARGE,
+        Level::Pdpt if large => 0x3FFF_E000,
+        Level::Pd if large => 0x001F_E000,
+        _ => 0,
+    };
+    reserved
+}
+
+fn check_permissions(
+    paging: &Paging,
+    address: u64,
+    access: Access,
+    supervisor_at: Option<Level>,
+    read_only_at: Option<Level>,
+    no_execute: bool,
+) -> Result<(), GuardError> {
+    let user_page = supervisor_at.is_none();
+    if let (true, Some(level)) = (access.is_user(), supervisor_at) {
+        return Err(GuardError::SupervisorOnly {
+            address,
+            level,
+            access,
+        });
+    }
+    if !access.is_user() && user_page {
+        let blocked = if access.is_fetch() {
+            paging.smep
+        } else {
+            paging.smap
+        };
+        if blocked {
+            return Err(GuardError::UserPageFromSupervisor { address, access });
+        }
+    }
+    if let (true, Some(level)) = (access.is_write(), read_only_at) {
+        if access.is_user() || paging.write_protect {
+            return Err(GuardError::ReadOnly {
+                address,
+                level,
+                access,
+            });
+        }
+    }
+    if access.is_fetch() && no_execute {
+        return Err(GuardError::NoExecute { address, access });
+    }
+    Ok(())
+}
+
+/// Sets Accessed in every entry used and Dirty in the leaf for stores, with
+/// a compare-and-exchange so that an entry another vCPU changed meanwhile is
+/// never overwritten. Returns false when the walk must be redone.
+fn set_accessed_dirty(
+    mem: &GuestMemory,
+    walked: &Walked,
+    access: Access,
+) -> Result<bool, GuardError> {
+    for (i, &(gpa, entry)) in walked.entries[..walked.depth].iter().enumerate() {
+        let leaf = i + 1 == walked.depth;
+        let mut want = entry | PTE_ACCESSED;
+        if leaf && access.is_write() {
+            want |= PTE_DIRTY;
+        }
+        if want == entry {
+            continue;
+        }
+        let swapped = atomic_entry(mem, gpa, |e| {
+            e.compare_exchange(entry, want, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        });
+        match swapped {
+            Some(true) => {}
+            Some(false) => return Ok(false),
+            None => {
+                return Err(GuardError::TableOutsideRam {
+                    address: gpa,
+                    level: Level::WALK[i],
+                    gpa,
+                });
+            }
+        }
+    }
+    Ok(true)
+}
+
+/// Runs `f` on the paging entry at `gpa` as an atomic; `None` when the
+/// entry is not in guest RAM.
+fn atomic_entry<T>(mem: &GuestMemory, gpa: u64, f: impl FnOnce(&AtomicU64) -> T) -> Option<T> {
+    let addr = GuestAddress(gpa);
+    let region = mem.find_region(addr)?;
+    let offset = addr.checked_offset_from(region.start_addr())?;
+    let slice = region
+        .get_slice(vm_memory::MemoryRegionAddress(offset), 8)
+        .ok()?;
+    let atomic = slice.get_atomic_ref::<AtomicU64>(0).ok()?;
+    Some(f(atomic))
+}
+
+/// The entry the walk for `address` uses at `level`, read without side
+/// effects: `(physical address of the entry, value)`. For tests and
+/// diagnostics.
+pub fn entry_at(
+    mem: &GuestMemory,
+    paging: &Paging,
+    address: u64,
+    level: Level,
+) -> Option<(u64, u64)> {
+    let mut table = paging.pml4;
+    for l in Level::WALK {
+        let gpa = table | (((address >> l.shift()) & 0x1ff) * 8);
+        let entry: u64 = mem.read_obj(GuestAddress(gpa)).ok()?;
+        if l == level {
+            return Some((gpa, entry));
+        }
+        if entry & PTE_PRESENT == 0 || (entry & PTE_LARGE != 0 && l != Level::Pml4) {
+            return None;
+        }
+        table = entry & PTE_ADDR;
+    }
+    None
+}

@@ -1,0 +1,126 @@
+//! A vCPU's view of guest memory: linear-address reads, writes and checks,
+//! split at page boundaries, each page translated and its physical range
+//! checked against guest RAM on every call.
+
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
+
+use crate::lwp::fault::GuestFault;
+use crate::lwp::memory::UserMemory;
+
+use super::GuestMemory;
+use super::error::GuardError;
+use super::paging::{Access, Marking, Paging, is_canonical, translate};
+
+/// Guest memory as seen through one vCPU's page tables.
+#[derive(Debug, Clone, Copy)]
+pub struct GuestView<'a> {
+    mem: &'a GuestMemory,
+    paging: Paging,
+}
+
+impl<'a> GuestView<'a> {
+    /// A view of `mem` through `paging`.
+    pub fn new(mem: &'a GuestMemory, paging: Paging) -> Self {
+        GuestView { mem, paging }
+    }
+
+    /// The paging state the view walks.
+    pub fn paging(&self) -> &Paging {
+        &self.paging
+    }
+
+    /// Translates one address for `access`, without marking any entry.
+    pub fn translate(&self, address: u64, access: Access) -> Result<u64, GuardError> {
+        let t = translate(self.mem, &self.paging, address, access, Marking::Probe)?;
+        Ok(t.gpa)
+    }
+
+    /// Checks that `len` bytes at `address` may be accessed as `access` and
+    /// lie in guest RAM, without touching the data.
+    pub fn check(&self, address: u64, len: u64, access: Access) -> Result<(), GuardError> {
+        self.each_page(address, len, access, Marking::Probe, |_, _, _| Ok(()))
+    }
+
+    /// Reads `buf.len()` bytes at `address` as `access`.
+    pub fn read(&self, address: u64, buf: &mut [u8], access: Access) -> Result<(), GuardError> {
+        let marking = Marking::SetAccessedDirty;
+        self.each_page(address, buf.len() as u64, access, marking, |gpa, at, len| {
+            self.mem
+                .read_slice(&mut buf[at..at + len], GuestAddress(gpa))
+                .map_err(|_| GuardError::PageOutsideRam {
+                    address: address.wrapping_add(at as u64),
+                    gpa,
+                })
+        })
+    }
+
+    /// Writes `buf` at `address` as `access`.
+    pub fn write(&self, address: u64, buf: &[u8], access: Access) -> Result<(), GuardError> {
+        let marking = Marking::SetAccessedDirty;
+        self.each_page(address, buf.len() as u64, access, marking, |gpa, at, len| {
+            self.mem
+                .write_slice(&buf[at..at + len], GuestAddress(gpa))
+                .map_err(|_| GuardError::PageOutsideRam {
+                    address: address.wrapping_add(at as u64),
+                    gpa,
+                })
+        })
+    }
+
+    /// Walks `[address, address + len)` a page at a time; for each piece
+    /// checks RAM and calls `f(gpa, offset into the range, length)`.
+    fn each_page(
+        &self,
+        address: u64,
+        len: u64,
+        access: Access,
+        marking: Marking,
+        mut f: impl FnMut(u64, usize, usize) -> Result<(), GuardError>,
+    ) -> Result<(), GuardError> {
+        if len == 0 {
+            return Ok(());
+        }
+        let last = address
+            .checked_add(len - 1)
+            .ok_or(GuardError::RangeWraps { address, len })?;
+        for end in [address, last] {
+            if !is_canonical(end) {
+                return Err(GuardError::NonCanonical { address: end });
+            }
+        }
+        let mut done = 0u64;
+        while done < len {
+            let at = address + done;
+            let t = translate(self.mem, &self.paging, at, access, marking)?;
+            let piece = t.page_remaining.min(len - done);
+            let in_ram = usize::try_from(piece)
+                .is_ok_and(|n| GuestMemoryBackend::check_range(self.mem, GuestAddress(t.gpa), n));
+            if !in_ram {
+                return Err(GuardError::PageOutsideRam {
+                    address: at,
+                    gpa: t.gpa,
+                });
+            }
+            f(t.gpa, done as usize, piece as usize)?;
+            done += piece;
+        }
+        Ok(())
+    }
+}
+
+impl UserMemory for GuestView<'_> {
+    fn read_user(&mut self, address: u64, buf: &mut [u8]) -> Result<(), GuestFault> {
+        self.read(address, buf, Access::UserRead)
+            .map_err(|e| e.fault())
+    }
+
+    fn write_user(&mut self, address: u64, buf: &[u8]) -> Result<(), GuestFault> {
+        self.write(address, buf, Access::UserWrite)
+            .map_err(|e| e.fault())
+    }
+
+    fn check_user_write(&mut self, address: u64, len: u64) -> Result<(), GuestFault> {
+        self.check(address, len, Access::UserWrite)
+            .map_err(|e| e.fault())
+    }
+}

@@ -1,0 +1,12 @@
+//! lwpvmm: a virtual machine monitor on KVM and the rust-vmm crates that gives
+//! guests AMD Lightweight Profiling (LWP) on hosts without LWP hardware.
+//!
+//! The crate is layered so that the semantics can be tested without KVM:
+//! - [`lwp`]: the LWP architecture model and the emulated LWP unit (pure);
+//! - [`guard`]: every guest address the unit touches, translated through the
+//!   guest's own page tables and checked against guest RAM;
+//! - [`cli`]: the user-facing commands.
+
+pub mod cli;
+pub mod guard;
+pub mod lwp;
