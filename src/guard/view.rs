@@ -54,8 +54,12 @@ impl<'a> GuestView<'a> {
         })
     }
 
-    /// Writes `buf` at `address` as `access`.
+    /// Writes `buf` at `address` as `access`. Every page is checked before
+    /// the first byte is stored, so a refused write stores nothing (unless
+    /// another vCPU changes the page tables between the check and the store;
+    /// every byte stored is still one this access may store).
     pub fn write(&self, address: u64, buf: &[u8], access: Access) -> Result<(), GuardError> {
+        self.check(address, buf.len() as u64, access)?;
         let marking = Marking::SetAccessedDirty;
         self.each_page(address, buf.len() as u64, access, marking, |gpa, at, len| {
             self.mem
