@@ -66,32 +66,48 @@ fn space() -> Space {
         let k = PageSize::Size4K;
         pt.map(USER_RW, 0x30_0000, k, PteFlags::USER_RW).unwrap();
         pt.map(USER_RO, 0x30_1000, k, PteFlags::USER_RO).unwrap();
-        pt.map(KERNEL_RW, 0x30_2000, k, PteFlags::KERNEL_RW).unwrap();
-        pt.map(ACROSS_REGIONS, 0x7F_F000, k, PteFlags::USER_RW).unwrap();
+        pt.map(KERNEL_RW, 0x30_2000, k, PteFlags::KERNEL_RW)
+            .unwrap();
+        pt.map(ACROSS_REGIONS, 0x7F_F000, k, PteFlags::USER_RW)
+            .unwrap();
         pt.map(ACROSS_REGIONS + 0x1000, 0x80_0000, k, PteFlags::USER_RW)
             .unwrap();
         pt.map(INTO_HOLE, 0x20_0000, k, PteFlags::USER_RW).unwrap();
-        pt.map(ACROSS_INTO_HOLE, 0x1F_F000, k, PteFlags::USER_RW).unwrap();
+        pt.map(ACROSS_INTO_HOLE, 0x1F_F000, k, PteFlags::USER_RW)
+            .unwrap();
         pt.map(ACROSS_INTO_HOLE + 0x1000, 0x20_0000, k, PteFlags::USER_RW)
             .unwrap();
         pt.map(PAST_END, 0x100_0000, k, PteFlags::USER_RW).unwrap();
-        pt.map(LAST_RAM_PAGE, 0xFF_F000, k, PteFlags::USER_RW).unwrap();
+        pt.map(LAST_RAM_PAGE, 0xFF_F000, k, PteFlags::USER_RW)
+            .unwrap();
         pt.map(NO_EXEC, 0x30_3000, k, PteFlags::USER_RW | PteFlags::NX)
             .unwrap();
         pt.map(LARGE_2M, 0x40_0000, PageSize::Size2M, PteFlags::USER_RW)
             .unwrap();
-        pt.map(PD_NOT_USER, 0x30_4000, k, PteFlags::USER_RW).unwrap();
-        pt.map(PDPT_READ_ONLY, 0x30_5000, k, PteFlags::USER_RW).unwrap();
-        pt.map(TABLE_IN_HOLE, 0x30_6000, k, PteFlags::USER_RW).unwrap();
-        pt.map(LARGE_1G, 0, PageSize::Size1G, PteFlags::USER_RW).unwrap();
+        pt.map(PD_NOT_USER, 0x30_4000, k, PteFlags::USER_RW)
+            .unwrap();
+        pt.map(PDPT_READ_ONLY, 0x30_5000, k, PteFlags::USER_RW)
+            .unwrap();
+        pt.map(TABLE_IN_HOLE, 0x30_6000, k, PteFlags::USER_RW)
+            .unwrap();
+        pt.map(LARGE_1G, 0, PageSize::Size1G, PteFlags::USER_RW)
+            .unwrap();
         let pde = pt.set_entry(PD_NOT_USER, Level::Pd, 0).unwrap();
         pt.set_entry(PD_NOT_USER, Level::Pd, pde & !PteFlags::USER.bits())
             .unwrap();
         let pdpte = pt.set_entry(PDPT_READ_ONLY, Level::Pdpt, 0).unwrap();
-        pt.set_entry(PDPT_READ_ONLY, Level::Pdpt, pdpte & !PteFlags::WRITABLE.bits())
-            .unwrap();
-        pt.set_entry(TABLE_IN_HOLE, Level::Pdpt, 0x20_0000 | PteFlags::USER_RW.bits())
-            .unwrap();
+        pt.set_entry(
+            PDPT_READ_ONLY,
+            Level::Pdpt,
+            pdpte & !PteFlags::WRITABLE.bits(),
+        )
+        .unwrap();
+        pt.set_entry(
+            TABLE_IN_HOLE,
+            Level::Pdpt,
+            0x20_0000 | PteFlags::USER_RW.bits(),
+        )
+        .unwrap();
         pt.cr3()
     };
     Space { mem, cr3 }
@@ -137,54 +153,178 @@ fn every_rejection_names_its_check() {
     let v = s.view();
     type Want = fn(&GuardError) -> bool;
     let table: [(&str, u64, u64, Access, Want); 16] = [
-        ("non-canonical", 0x0000_8000_0000_0000, 8, Access::UserRead, |e| {
-            matches!(e, GuardError::NonCanonical { address: 0x0000_8000_0000_0000 })
-        }),
-        ("range end non-canonical", 0x7FFF_FFFF_FFF8, 16, Access::UserRead, |e| {
-            matches!(e, GuardError::NonCanonical { address: 0x0000_8000_0000_0007 })
-        }),
-        ("wraps past 2^64", u64::MAX - 7, 16, Access::UserWrite, |e| {
-            matches!(e, GuardError::RangeWraps { .. })
-        }),
-        ("PML4E not present", UNMAPPED_PML4, 8, Access::UserRead, |e| {
-            matches!(e, GuardError::NotPresent { level: Level::Pml4, .. })
-        }),
-        ("PDPTE not present", UNMAPPED_PDPT, 8, Access::UserRead, |e| {
-            matches!(e, GuardError::NotPresent { level: Level::Pdpt, .. })
-        }),
+        (
+            "non-canonical",
+            0x0000_8000_0000_0000,
+            8,
+            Access::UserRead,
+            |e| {
+                matches!(
+                    e,
+                    GuardError::NonCanonical {
+                        address: 0x0000_8000_0000_0000
+                    }
+                )
+            },
+        ),
+        (
+            "range end non-canonical",
+            0x7FFF_FFFF_FFF8,
+            16,
+            Access::UserRead,
+            |e| {
+                matches!(
+                    e,
+                    GuardError::NonCanonical {
+                        address: 0x0000_8000_0000_0007
+                    }
+                )
+            },
+        ),
+        (
+            "wraps past 2^64",
+            u64::MAX - 7,
+            16,
+            Access::UserWrite,
+            |e| matches!(e, GuardError::RangeWraps { .. }),
+        ),
+        (
+            "PML4E not present",
+            UNMAPPED_PML4,
+            8,
+            Access::UserRead,
+            |e| {
+                matches!(
+                    e,
+                    GuardError::NotPresent {
+                        level: Level::Pml4,
+                        ..
+                    }
+                )
+            },
+        ),
+        (
+            "PDPTE not present",
+            UNMAPPED_PDPT,
+            8,
+            Access::UserRead,
+            |e| {
+                matches!(
+                    e,
+                    GuardError::NotPresent {
+                        level: Level::Pdpt,
+                        ..
+                    }
+                )
+            },
+        ),
         ("PDE not present", UNMAPPED_PD, 8, Access::UserRead, |e| {
-            matches!(e, GuardError::NotPresent { level: Level::Pd, .. })
+            matches!(
+                e,
+                GuardError::NotPresent {
+                    level: Level::Pd,
+                    ..
+                }
+            )
         }),
         ("PTE not present", UNMAPPED_PT, 8, Access::UserRead, |e| {
-            matches!(e, GuardError::NotPresent { level: Level::Pt, .. })
+            matches!(
+                e,
+                GuardError::NotPresent {
+                    level: Level::Pt,
+                    ..
+                }
+            )
         }),
-        ("supervisor-only leaf", KERNEL_RW, 8, Access::UserRead, |e| {
-            matches!(e, GuardError::SupervisorOnly { level: Level::Pt, .. })
-        }),
-        ("supervisor-only PDE", PD_NOT_USER, 8, Access::UserRead, |e| {
-            matches!(e, GuardError::SupervisorOnly { level: Level::Pd, .. })
-        }),
+        (
+            "supervisor-only leaf",
+            KERNEL_RW,
+            8,
+            Access::UserRead,
+            |e| {
+                matches!(
+                    e,
+                    GuardError::SupervisorOnly {
+                        level: Level::Pt,
+                        ..
+                    }
+                )
+            },
+        ),
+        (
+            "supervisor-only PDE",
+            PD_NOT_USER,
+            8,
+            Access::UserRead,
+            |e| {
+                matches!(
+                    e,
+                    GuardError::SupervisorOnly {
+                        level: Level::Pd,
+                        ..
+                    }
+                )
+            },
+        ),
         ("read-only leaf", USER_RO, 8, Access::UserWrite, |e| {
-            matches!(e, GuardError::ReadOnly { level: Level::Pt, .. })
+            matches!(
+                e,
+                GuardError::ReadOnly {
+                    level: Level::Pt,
+                    ..
+                }
+            )
         }),
-        ("read-only PDPTE", PDPT_READ_ONLY, 8, Access::UserWrite, |e| {
-            matches!(e, GuardError::ReadOnly { level: Level::Pdpt, .. })
-        }),
+        (
+            "read-only PDPTE",
+            PDPT_READ_ONLY,
+            8,
+            Access::UserWrite,
+            |e| {
+                matches!(
+                    e,
+                    GuardError::ReadOnly {
+                        level: Level::Pdpt,
+                        ..
+                    }
+                )
+            },
+        ),
         ("no-execute", NO_EXEC, 1, Access::UserFetch, |e| {
             matches!(e, GuardError::NoExecute { .. })
         }),
-        ("table in a hole", TABLE_IN_HOLE, 8, Access::UserRead, |e| {
-            matches!(e, GuardError::TableOutsideRam { level: Level::Pd, gpa, .. } if (0x20_0000..0x20_1000).contains(gpa))
-        }),
+        (
+            "table in a hole",
+            TABLE_IN_HOLE,
+            8,
+            Access::UserRead,
+            |e| matches!(e, GuardError::TableOutsideRam { level: Level::Pd, gpa, .. } if (0x20_0000..0x20_1000).contains(gpa)),
+        ),
         ("page in a hole", INTO_HOLE, 8, Access::UserRead, |e| {
             matches!(e, GuardError::PageOutsideRam { gpa: 0x20_0000, .. })
         }),
-        ("page past the end of RAM", PAST_END, 8, Access::UserWrite, |e| {
-            matches!(e, GuardError::PageOutsideRam { gpa: 0x100_0000, .. })
-        }),
-        ("1 GiB page beyond RAM", LARGE_1G + 0x20_0000, 8, Access::UserRead, |e| {
-            matches!(e, GuardError::PageOutsideRam { gpa: 0x20_0000, .. })
-        }),
+        (
+            "page past the end of RAM",
+            PAST_END,
+            8,
+            Access::UserWrite,
+            |e| {
+                matches!(
+                    e,
+                    GuardError::PageOutsideRam {
+                        gpa: 0x100_0000,
+                        ..
+                    }
+                )
+            },
+        ),
+        (
+            "1 GiB page beyond RAM",
+            LARGE_1G + 0x20_0000,
+            8,
+            Access::UserRead,
+            |e| matches!(e, GuardError::PageOutsideRam { gpa: 0x20_0000, .. }),
+        ),
     ];
     for (name, gva, len, access, want) in table {
         let got = v.check(gva, len, access).expect_err(name);
@@ -196,11 +336,24 @@ fn every_rejection_names_its_check() {
 #[test]
 fn reserved_bits() {
     // (what to do to the entry, level, NX enabled)
-    let table: [(&str, u64, Level, fn(u64) -> u64, bool); 4] = [
-        ("physical bit above MAXPHYADDR", USER_RW, Level::Pt, |e| e | 1 << 50, true),
+    type Change = fn(u64) -> u64;
+    let table: [(&str, u64, Level, Change, bool); 4] = [
+        (
+            "physical bit above MAXPHYADDR",
+            USER_RW,
+            Level::Pt,
+            |e| e | 1 << 50,
+            true,
+        ),
         ("NX without EFER.NXE", NO_EXEC, Level::Pt, |e| e, false),
         ("PS in a PML4E", USER_RW, Level::Pml4, |e| e | 1 << 7, true),
-        ("2 MiB PDE with bit 13", LARGE_2M, Level::Pd, |e| e | 1 << 13, true),
+        (
+            "2 MiB PDE with bit 13",
+            LARGE_2M,
+            Level::Pd,
+            |e| e | 1 << 13,
+            true,
+        ),
     ];
     for (name, gva, level, change, nxe) in table {
         let s = space();
@@ -235,7 +388,13 @@ fn supervisor_accesses_follow_wp_smap_smep() {
         (CR0, CR4_SMAP, USER_RW, Access::SupervisorRead, false),
         (CR0, CR4_SMAP, USER_RW, Access::SupervisorFetch, true),
         (CR0, CR4_SMEP, USER_RW, Access::SupervisorFetch, false),
-        (CR0, CR4_SMAP | CR4_SMEP, KERNEL_RW, Access::SupervisorWrite, true),
+        (
+            CR0,
+            CR4_SMAP | CR4_SMEP,
+            KERNEL_RW,
+            Access::SupervisorWrite,
+            true,
+        ),
         (CR0, 0, KERNEL_RW, Access::SupervisorFetch, true),
     ];
     for (cr0, cr4, gva, access, allowed) in table {
@@ -271,7 +430,10 @@ fn pcid_and_flag_bits_of_cr3_are_masked() {
     let cr3 = s.cr3 | 0x5 | 1 << 63;
     let p = Paging::from_regs(CR0, cr3, CR4_PAE | 1 << 17, EFER, 48).unwrap();
     assert_eq!(p.pml4(), s.cr3);
-    assert_eq!(GuestView::new(&s.mem, p).translate(USER_RW, Access::UserRead), Ok(plain));
+    assert_eq!(
+        GuestView::new(&s.mem, p).translate(USER_RW, Access::UserRead),
+        Ok(plain)
+    );
 }
 
 #[test]
@@ -298,12 +460,19 @@ fn refused_writes_store_nothing() {
         ("second page unmapped", LAST_RAM_PAGE + 0xFF0, 0xFF_FFF0),
     ];
     for (name, gva, first_gpa) in table {
-        assert!(v.write(gva, &[0xAA; 32], Access::UserWrite).is_err(), "{name}");
+        assert!(
+            v.write(gva, &[0xAA; 32], Access::UserWrite).is_err(),
+            "{name}"
+        );
         assert_eq!(s.phys(first_gpa, 16), vec![0; 16], "{name}");
     }
     v.write(LAST_RAM_PAGE + 0xFE0, &[0xBB; 32], Access::UserWrite)
         .unwrap();
-    assert_eq!(s.phys(0xFF_FFE0, 32), vec![0xBB; 32], "the last bytes of RAM");
+    assert_eq!(
+        s.phys(0xFF_FFE0, 32),
+        vec![0xBB; 32],
+        "the last bytes of RAM"
+    );
 }
 
 #[test]
@@ -329,7 +498,11 @@ fn accessed_and_dirty_bits() {
     }
     let before = entry_at(&s.mem, &p, USER_RO, Level::Pt).unwrap().1;
     let _ = v.write(USER_RO, &[1; 8], Access::UserWrite);
-    assert_eq!(entry_at(&s.mem, &p, USER_RO, Level::Pt).unwrap().1, before, "a refused write marks nothing");
+    assert_eq!(
+        entry_at(&s.mem, &p, USER_RO, Level::Pt).unwrap().1,
+        before,
+        "a refused write marks nothing"
+    );
 }
 
 #[test]
@@ -337,7 +510,10 @@ fn self_referencing_page_table_terminates() {
     let s = space();
     let v = s.view();
     s.mem
-        .write_obj(s.cr3 | PteFlags::USER_RW.bits(), GuestAddress(s.cr3 + 511 * 8))
+        .write_obj(
+            s.cr3 | PteFlags::USER_RW.bits(),
+            GuestAddress(s.cr3 + 511 * 8),
+        )
         .unwrap();
     let recursive = 0xFFFF_FFFF_FFFF_F000;
     assert!(is_canonical(recursive));
@@ -347,10 +523,24 @@ fn self_referencing_page_table_terminates() {
     let expected: u64 = s.mem.read_obj(GuestAddress(s.cr3)).unwrap();
     assert_eq!(u64::from_le_bytes(pml4e0), expected);
     let pdpt = expected & 0x000F_FFFF_FFFF_F000;
-    assert_eq!(v.translate(0xFFFF_FFFF_FFE0_0000, Access::UserRead), Ok(pdpt));
+    assert_eq!(
+        v.translate(0xFFFF_FFFF_FFE0_0000, Access::UserRead),
+        Ok(pdpt)
+    );
     // The walk through the loop ends after four levels, here at an empty PDE.
-    let err = v.check(0xFFFF_FF80_0000_0000, 4096, Access::UserRead).unwrap_err();
-    assert!(matches!(err, GuardError::NotPresent { level: Level::Pt, .. }), "{err:?}");
+    let err = v
+        .check(0xFFFF_FF80_0000_0000, 4096, Access::UserRead)
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            GuardError::NotPresent {
+                level: Level::Pt,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
 }
 
 #[test]
@@ -359,10 +549,38 @@ fn faults_the_guest_receives() {
     let mut v = s.view();
     let mut b = [0u8; 8];
     let table: [(u64, bool, GuestFault); 6] = [
-        (UNMAPPED_PT, false, GuestFault::PageFault { address: UNMAPPED_PT, error_code: PF_USER }),
-        (UNMAPPED_PT, true, GuestFault::PageFault { address: UNMAPPED_PT, error_code: PF_USER | PF_WRITE }),
-        (KERNEL_RW, false, GuestFault::PageFault { address: KERNEL_RW, error_code: PF_PRESENT | PF_USER }),
-        (USER_RO, true, GuestFault::PageFault { address: USER_RO, error_code: PF_PRESENT | PF_USER | PF_WRITE }),
+        (
+            UNMAPPED_PT,
+            false,
+            GuestFault::PageFault {
+                address: UNMAPPED_PT,
+                error_code: PF_USER,
+            },
+        ),
+        (
+            UNMAPPED_PT,
+            true,
+            GuestFault::PageFault {
+                address: UNMAPPED_PT,
+                error_code: PF_USER | PF_WRITE,
+            },
+        ),
+        (
+            KERNEL_RW,
+            false,
+            GuestFault::PageFault {
+                address: KERNEL_RW,
+                error_code: PF_PRESENT | PF_USER,
+            },
+        ),
+        (
+            USER_RO,
+            true,
+            GuestFault::PageFault {
+                address: USER_RO,
+                error_code: PF_PRESENT | PF_USER | PF_WRITE,
+            },
+        ),
         (INTO_HOLE, true, GuestFault::GeneralProtection),
         (0x0000_8000_0000_0000, false, GuestFault::GeneralProtection),
     ];
@@ -374,10 +592,16 @@ fn faults_the_guest_receives() {
         };
         assert_eq!(got, Err(want), "{gva:#x} write={write}");
     }
-    let fetch = GuardError::NoExecute { address: NO_EXEC, access: Access::UserFetch };
+    let fetch = GuardError::NoExecute {
+        address: NO_EXEC,
+        access: Access::UserFetch,
+    };
     assert_eq!(
         fetch.fault(),
-        GuestFault::PageFault { address: NO_EXEC, error_code: PF_PRESENT | PF_USER | PF_FETCH }
+        GuestFault::PageFault {
+            address: NO_EXEC,
+            error_code: PF_PRESENT | PF_USER | PF_FETCH
+        }
     );
     assert_eq!(v.check_user_write(USER_RW, 4096), Ok(()));
 }

@@ -93,8 +93,6 @@ pub enum CliError {
 /// Runs a parsed command line, writing to `out`.
 pub fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CliError> {
     match cli.command {
-        Command::Cpuid { lwp, guest, json } => {
-            cpuid::print(out, lwp.into(), guest.into(), json)
-        }
+        Command::Cpuid { lwp, guest, json } => cpuid::print(out, lwp.into(), guest.into(), json),
     }
 }

@@ -54,7 +54,10 @@ pub enum Access {
 impl Access {
     /// True for CPL3 accesses.
     pub fn is_user(self) -> bool {
-        matches!(self, Access::UserRead | Access::UserWrite | Access::UserFetch)
+        matches!(
+            self,
+            Access::UserRead | Access::UserWrite | Access::UserFetch
+        )
     }
 
     /// True for stores.
@@ -219,7 +222,14 @@ fn walk(
             let page_size = 1u64 << level.shift();
             let offset = address & (page_size - 1);
             let base = entry & PTE_ADDR & !(page_size - 1);
-            check_permissions(paging, address, access, supervisor_at, read_only_at, no_execute)?;
+            check_permissions(
+                paging,
+                address,
+                access,
+                supervisor_at,
+                read_only_at,
+                no_execute,
+            )?;
             return Ok(Walked {
                 entries,
                 depth: depth + 1,
@@ -275,14 +285,14 @@ fn check_permissions(
             return Err(GuardError::UserPageFromSupervisor { address, access });
         }
     }
-    if let (true, Some(level)) = (access.is_write(), read_only_at) {
-        if access.is_user() || paging.write_protect {
-            return Err(GuardError::ReadOnly {
-                address,
-                level,
-                access,
-            });
-        }
+    if let (true, Some(level)) = (access.is_write(), read_only_at)
+        && (access.is_user() || paging.write_protect)
+    {
+        return Err(GuardError::ReadOnly {
+            address,
+            level,
+            access,
+        });
     }
     if access.is_fetch() && no_execute {
         return Err(GuardError::NoExecute { address, access });

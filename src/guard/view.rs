@@ -44,14 +44,20 @@ impl<'a> GuestView<'a> {
     /// Reads `buf.len()` bytes at `address` as `access`.
     pub fn read(&self, address: u64, buf: &mut [u8], access: Access) -> Result<(), GuardError> {
         let marking = Marking::SetAccessedDirty;
-        self.each_page(address, buf.len() as u64, access, marking, |gpa, at, len| {
-            self.mem
-                .read_slice(&mut buf[at..at + len], GuestAddress(gpa))
-                .map_err(|_| GuardError::PageOutsideRam {
-                    address: address.wrapping_add(at as u64),
-                    gpa,
-                })
-        })
+        self.each_page(
+            address,
+            buf.len() as u64,
+            access,
+            marking,
+            |gpa, at, len| {
+                self.mem
+                    .read_slice(&mut buf[at..at + len], GuestAddress(gpa))
+                    .map_err(|_| GuardError::PageOutsideRam {
+                        address: address.wrapping_add(at as u64),
+                        gpa,
+                    })
+            },
+        )
     }
 
     /// Writes `buf` at `address` as `access`. Every page is checked before
@@ -61,14 +67,20 @@ impl<'a> GuestView<'a> {
     pub fn write(&self, address: u64, buf: &[u8], access: Access) -> Result<(), GuardError> {
         self.check(address, buf.len() as u64, access)?;
         let marking = Marking::SetAccessedDirty;
-        self.each_page(address, buf.len() as u64, access, marking, |gpa, at, len| {
-            self.mem
-                .write_slice(&buf[at..at + len], GuestAddress(gpa))
-                .map_err(|_| GuardError::PageOutsideRam {
-                    address: address.wrapping_add(at as u64),
-                    gpa,
-                })
-        })
+        self.each_page(
+            address,
+            buf.len() as u64,
+            access,
+            marking,
+            |gpa, at, len| {
+                self.mem
+                    .write_slice(&buf[at..at + len], GuestAddress(gpa))
+                    .map_err(|_| GuardError::PageOutsideRam {
+                        address: address.wrapping_add(at as u64),
+                        gpa,
+                    })
+            },
+        )
     }
 
     /// Walks `[address, address + len)` a page at a time; for each piece

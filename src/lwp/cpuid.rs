@@ -475,7 +475,12 @@ mod tests {
         ];
         for d in dumps {
             let leaf = LwpLeaf::from_regs(d.regs);
-            assert_eq!(leaf.enabled.contains(LwpFeatures::AVAIL), d.avail, "{}", d.name);
+            assert_eq!(
+                leaf.enabled.contains(LwpFeatures::AVAIL),
+                d.avail,
+                "{}",
+                d.name
+            );
             assert_eq!(leaf.ebx.cb_size_qwords, 19, "{}", d.name);
             assert_eq!(leaf.ebx.event_size, 32, "{}", d.name);
             assert_eq!(leaf.ebx.max_events, 3, "{}", d.name);
@@ -587,7 +592,10 @@ mod tests {
         let on = lwp_entries(LwpProfile::Bulldozer, GuestLwpSupport::Shim);
         assert_eq!(on[0].eax, LEAF_LWP);
         assert_eq!(on[1].ecx, EXT_FEATURES_ECX_LWP);
-        assert_eq!([on[2].ebx, on[2].ecx, on[2].edx], [0x8003_2013, 0x0001_0200, 0x8000_000F]);
+        assert_eq!(
+            [on[2].ebx, on[2].ecx, on[2].edx],
+            [0x8003_2013, 0x0001_0200, 0x8000_000F]
+        );
         let off = lwp_entries(LwpProfile::Off, GuestLwpSupport::Shim);
         assert!(off.iter().all(|e| e.eax | e.ebx | e.ecx | e.edx == 0));
     }

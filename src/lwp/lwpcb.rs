@@ -211,15 +211,15 @@ impl LoadedLwpcb {
         )?;
         invariant(
             self.buffer_size >= caps.min_buffer_bytes()
-                && self.buffer_size % es == 0
+                && self.buffer_size.is_multiple_of(es)
                 && self.buffer_size <= BUFFER_SIZE_MASK,
             "buffer size",
         )?;
         invariant(
-            self.head < self.buffer_size && self.head % es == 0,
+            self.head < self.buffer_size && self.head.is_multiple_of(es),
             "head offset",
         )?;
-        invariant(self.threshold % es == 0, "threshold")?;
+        invariant(self.threshold.is_multiple_of(es), "threshold")?;
         invariant(self.random < 16, "random")?;
         for (id, slot) in self.events.iter().enumerate().skip(1) {
             let in_profile = id <= usize::from(caps.max_events());
@@ -470,7 +470,10 @@ mod tests {
             assert_eq!(got, c.want, "{}", c.name);
             if let Some(want) = c.want_events {
                 let l = LoadedLwpcb::normalize(&caps, cfg, 0x1000, &fixed, &c.pairs).unwrap();
-                let got: Vec<_> = l.events[1..].iter().map(|s| (s.interval, s.counter)).collect();
+                let got: Vec<_> = l.events[1..]
+                    .iter()
+                    .map(|s| (s.interval, s.counter))
+                    .collect();
                 assert_eq!(got, want, "{}", c.name);
                 l.check(&caps).unwrap();
             }
@@ -485,8 +488,8 @@ mod tests {
             buffer_size_random: 0x6000_2000,
             ..Default::default()
         };
-        let l = LoadedLwpcb::normalize(&caps, all_cfg(&caps), 0x1000, &fixed, &[(20, 20); 3])
-            .unwrap();
+        let l =
+            LoadedLwpcb::normalize(&caps, all_cfg(&caps), 0x1000, &fixed, &[(20, 20); 3]).unwrap();
         assert_eq!(l.flags.bits(), 0x8000_000E);
         assert_eq!(l.buffer_size_word(), 0x6000_2000);
         assert_eq!(l.events[4], EventSlot::default());
@@ -501,10 +504,11 @@ mod tests {
             buffer_size_random: 4096,
             ..Default::default()
         };
-        let good = LoadedLwpcb::normalize(&caps, all_cfg(&caps), 0x1000, &fixed, &[(0, 0); 6])
-            .unwrap();
+        let good =
+            LoadedLwpcb::normalize(&caps, all_cfg(&caps), 0x1000, &fixed, &[(0, 0); 6]).unwrap();
         good.check(&caps).unwrap();
-        let breakers: [(&str, fn(&mut LoadedLwpcb)); 7] = [
+        type Breaker = fn(&mut LoadedLwpcb);
+        let breakers: [(&str, Breaker); 7] = [
             ("address 0", |l| l.address = 0),
             ("head past size", |l| l.head = l.buffer_size),
             ("head misaligned", |l| l.head = 33),

@@ -25,9 +25,6 @@ const CFG_FEATURE_BITS: u64 = 0xE000_007E;
 /// Why a WRMSR to an LWP MSR raises #GP(0).
 #[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
 pub enum MsrError {
-    /// The profile has no LWP: both MSRs #GP, as on post-removal hardware.
-    #[error("LWP is not offered to this guest")]
-    NoLwp,
     /// A reserved bit of LWP_CFG[28:7] is set.
     #[error("LWP_CFG write {value:#x} sets reserved bits {bits:#x}")]
     Reserved {
@@ -142,9 +139,21 @@ mod tests {
             (LwpProfile::Emulated, 0x1, Reads(0)),
             (LwpProfile::Emulated, 0xFFFF_0000_0000_0002, Reads(0x2)),
             // CoreId and vector are kept, including vectors 0-31.
-            (LwpProfile::Emulated, 0x0000_F0AB_8000_0000, Reads(0x0000_F0AB_8000_0000)),
-            (LwpProfile::Emulated, 0x0000_1F00_8000_0000, Reads(0x0000_1F00_8000_0000)),
-            (LwpProfile::Emulated, 0x0000_0000_8000_0000, Reads(0x0000_0000_8000_0000)),
+            (
+                LwpProfile::Emulated,
+                0x0000_F0AB_8000_0000,
+                Reads(0x0000_F0AB_8000_0000),
+            ),
+            (
+                LwpProfile::Emulated,
+                0x0000_1F00_8000_0000,
+                Reads(0x0000_1F00_8000_0000),
+            ),
+            (
+                LwpProfile::Emulated,
+                0x0000_0000_8000_0000,
+                Reads(0x0000_0000_8000_0000),
+            ),
             // Reserved 28:7.
             (LwpProfile::Emulated, 1 << 7, Reserved),
             (LwpProfile::Emulated, 1 << 28, Reserved),

@@ -144,9 +144,17 @@ mod tests {
         let b = r.as_slice();
         assert_eq!(b[0], 255, "EventId");
         assert_eq!(b[1], 0x07, "CoreId");
-        assert_eq!(&b[2..4], &0xBEEFu16.to_le_bytes(), "EventFlags: imm32[15:0]");
+        assert_eq!(
+            &b[2..4],
+            &0xBEEFu16.to_le_bytes(),
+            "EventFlags: imm32[15:0]"
+        );
         assert_eq!(&b[4..8], &0x4433_2211u32.to_le_bytes(), "Data1");
-        assert_eq!(&b[8..16], &0x0040_1000u64.to_le_bytes(), "InstructionAddress");
+        assert_eq!(
+            &b[8..16],
+            &0x0040_1000u64.to_le_bytes(),
+            "InstructionAddress"
+        );
         assert_eq!(&b[16..24], &0x8877_6655_0000_0000u64.to_le_bytes(), "Data2");
         assert_eq!(&b[24..32], &0x1234u64.to_le_bytes(), "TimeStamp");
     }
@@ -155,7 +163,12 @@ mod tests {
     fn record_kinds() {
         let table = [
             (EventRecord::hardware(EventId::Cnh, 1, 0x10, 0), 5, 0, 0),
-            (EventRecord::branch(1, 0x10, 0x99, true, 0), 3, BRANCH_TAKEN, 0x99),
+            (
+                EventRecord::branch(1, 0x10, 0x99, true, 0),
+                3,
+                BRANCH_TAKEN,
+                0x99,
+            ),
             (EventRecord::branch(1, 0x10, 0x12, false, 0), 3, 0, 0x12),
         ];
         for (rec, id, flags, data2) in table {

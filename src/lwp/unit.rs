@@ -314,7 +314,8 @@ impl LwpUnit {
         image: Option<&LwpXsaveArea>,
     ) -> Result<LoadedLwpcb, GuestFault> {
         let caps = &self.caps;
-        let cb_len = (caps.cb_size() as usize).clamp(LwpcbFixed::default().as_slice().len(), MAX_CB_BYTES);
+        let cb_len =
+            (caps.cb_size() as usize).clamp(LwpcbFixed::default().as_slice().len(), MAX_CB_BYTES);
         let mut raw = [0u8; MAX_CB_BYTES];
         let raw = &mut raw[..cb_len];
         mem.read_user(address, raw)?;
@@ -351,7 +352,11 @@ impl LwpUnit {
     /// Writes LLWPCB's normalised fields back into the new block, so software
     /// reads exactly what the unit runs with.
     fn write_back(&self, mem: &mut dyn UserMemory, b: &LoadedLwpcb) -> Result<(), GuestFault> {
-        let at = |off: u64| b.address.checked_add(off).ok_or(GuestFault::GeneralProtection);
+        let at = |off: u64| {
+            b.address
+                .checked_add(off)
+                .ok_or(GuestFault::GeneralProtection)
+        };
         mem.write_user(at(OFF_FLAGS)?, &b.flags.bits().to_le_bytes())?;
         mem.write_user(at(OFF_BUFFER_SIZE)?, &b.buffer_size_word().to_le_bytes())?;
         mem.write_user(at(OFF_HEAD)?, &b.head.to_le_bytes())?;
@@ -373,10 +378,10 @@ impl LwpUnit {
         let mut ok = Self::flush_position(mem, &b);
         for id in 1..=usize::from(self.caps.max_events()).min(MAX_EVENT_ID) {
             let off = LoadedLwpcb::interval_offset(&self.caps, id) + 4;
-            ok &= b
-                .address
-                .checked_add(off)
-                .is_some_and(|a| mem.write_user(a, &to_s26(b.events[id].counter).to_le_bytes()).is_ok());
+            ok &= b.address.checked_add(off).is_some_and(|a| {
+                mem.write_user(a, &to_s26(b.events[id].counter).to_le_bytes())
+                    .is_ok()
+            });
         }
         if !ok {
             self.stats.flush_faults += 1;
@@ -434,10 +439,7 @@ impl LwpUnit {
             return Stored::Missed;
         };
         let size = b.buffer_size;
-        let tail_word = b
-            .address
-            .checked_add(OFF_TAIL)
-            .map(|a| read_u32(mem, a));
+        let tail_word = b.address.checked_add(OFF_TAIL).map(|a| read_u32(mem, a));
         let tail = match tail_word {
             Some(Ok(t)) => Some(t - t % es).filter(|&t| t < size),
             _ if continuous => None,
@@ -449,10 +451,8 @@ impl LwpUnit {
         let next = (b.head + es) % size;
         let slot = b.buffer_base.checked_add(u64::from(b.head));
         if !continuous && tail.is_none_or(|t| t == next) {
-            if tail.is_some() {
-                if let Some(at) = slot {
-                    let _ = mem.write_user(at, record.as_slice());
-                }
+            if let (Some(_), Some(at)) = (tail, slot) {
+                let _ = mem.write_user(at, record.as_slice());
             }
             return Self::miss(b, &mut self.stats);
         }
@@ -466,7 +466,10 @@ impl LwpUnit {
         b.head = next;
         if let Some(t) = tail {
             let fill = |h: u32| (h + size - t) % size;
-            if interrupt && b.threshold > 0 && fill(before) < b.threshold && fill(next) >= b.threshold
+            if interrupt
+                && b.threshold > 0
+                && fill(before) < b.threshold
+                && fill(next) >= b.threshold
             {
                 self.interrupt_due = true;
                 self.stats.interrupts_due += 1;
@@ -547,7 +550,8 @@ mod tests {
         }
         fn record(&self, slot: u64) -> EventRecord {
             let mut r = EventRecord::default();
-            self.mem.peek(RING + slot * RECORD_SIZE as u64, r.as_mut_slice());
+            self.mem
+                .peek(RING + slot * RECORD_SIZE as u64, r.as_mut_slice());
             r
         }
         fn ins(&mut self, data1: u32) -> bool {
@@ -577,9 +581,17 @@ mod tests {
         assert_eq!(r.u32_at(CB + OFF_BUFFER_SIZE), 4096, "rounded size");
         assert_eq!(r.u32_at(CB + OFF_HEAD), 64, "rounded head");
         assert_eq!(r.u32_at(CB + OFF_THRESHOLD), 96, "rounded threshold");
-        assert_eq!(r.u32_at(CB + 128), 0, "negative interval 1 raised to its minimum, 0");
+        assert_eq!(
+            r.u32_at(CB + 128),
+            0,
+            "negative interval 1 raised to its minimum, 0"
+        );
         assert_eq!(r.u32_at(CB + 132), 0, "negative counter 1 becomes 0");
-        assert_eq!(r.u32_at(CB + 128 + 32), 0xFFFF, "CNH interval raised to its minimum");
+        assert_eq!(
+            r.u32_at(CB + 128 + 32),
+            0xFFFF,
+            "CNH interval raised to its minimum"
+        );
         assert_eq!(r.u32_at(CB + 128 + 36), 2, "CNH counter kept");
     }
 
@@ -632,7 +644,11 @@ mod tests {
             assert!(r.ins(100 + i), "ring full: CF=1");
         }
         assert_eq!(r.head(), 1024 - 32, "head not advanced");
-        assert_eq!(r.record(u64::from(slots) - 1).data1, 102, "last slot overwritten");
+        assert_eq!(
+            r.record(u64::from(slots) - 1).data1,
+            102,
+            "last slot overwritten"
+        );
         r.unit.slwpcb(&mut r.mem);
         assert_eq!(r.u64_at(CB + OFF_MISSED), 3);
         // Software consumes two records: two more fit.
@@ -675,7 +691,13 @@ mod tests {
     #[test]
     fn lwpval_every_interval_plus_one() {
         // (interval, initial counter, executions, expected records)
-        let table = [(0, 0, 5, 5), (2, 0, 9, 3), (2, 2, 9, 3), (2, 1, 2, 1), (4, 4, 4, 0)];
+        let table = [
+            (0, 0, 5, 5),
+            (2, 0, 9, 3),
+            (2, 2, 9, 3),
+            (2, 1, 2, 1),
+            (4, 4, 4, 0),
+        ];
         for (interval, counter, runs, want) in table {
             let mut r = rig(LwpProfile::Emulated, 0x2, 4096);
             r.set_event(1, interval, counter);
@@ -752,18 +774,33 @@ mod tests {
         let mut p = rig(LwpProfile::Precise, 0x8, 4096);
         p.load();
         for i in 0..16 {
-            p.unit.retire_branch(&mut p.mem, 0x100 + i, 0x200, i % 2 == 0, 0);
+            p.unit
+                .retire_branch(&mut p.mem, 0x100 + i, 0x200, i % 2 == 0, 0);
         }
-        assert_eq!(p.unit.stats().records_stored, 1, "BRE interval raised to 15");
+        assert_eq!(
+            p.unit.stats().records_stored,
+            1,
+            "BRE interval raised to 15"
+        );
         let rec = p.record(0);
-        let fields = (rec.event_id, rec.event_flags, rec.instruction_address, rec.data2);
-        assert_eq!(fields, (3, BRANCH_TAKEN, 0x100, 0x200), "counter 0: the first branch records");
+        let fields = (
+            rec.event_id,
+            rec.event_flags,
+            rec.instruction_address,
+            rec.data2,
+        );
+        assert_eq!(
+            fields,
+            (3, BRANCH_TAKEN, 0x100, 0x200),
+            "counter 0: the first branch records"
+        );
     }
 
     #[test]
     fn llwpcb_faults_keep_the_old_block() {
         let rw_user_write = PF_PRESENT | PF_USER | PF_WRITE;
-        let table: [(&str, fn(&mut Rig) -> u64, GuestFault); 6] = [
+        type Setup = fn(&mut Rig) -> u64;
+        let table: [(&str, Setup, GuestFault); 6] = [
             (
                 "unmapped LWPCB",
                 |_| 0x9000,
@@ -863,7 +900,11 @@ mod tests {
         assert_eq!(r.unit.slwpcb(&mut r.mem), CB, "SLWPCB still answers");
         assert_eq!(r.unit.stats().flush_faults, 1);
         r.unit.llwpcb(&mut r.mem, 0).unwrap();
-        assert_eq!(r.unit.cbaddr(), 0, "LLWPCB 0 disables even when the flush faults");
+        assert_eq!(
+            r.unit.cbaddr(),
+            0,
+            "LLWPCB 0 disables even when the flush faults"
+        );
     }
 
     #[test]
@@ -903,7 +944,11 @@ mod tests {
             r.load();
             r.unit.write_cfg(cfg).unwrap();
             r.ins(0);
-            assert_eq!(r.unit.take_interrupt().is_some(), want, "{flags:#x} {cfg:#x} {threshold}");
+            assert_eq!(
+                r.unit.take_interrupt().is_some(),
+                want,
+                "{flags:#x} {cfg:#x} {threshold}"
+            );
         }
     }
 
@@ -914,7 +959,10 @@ mod tests {
         r.unit.write_cfg(0x0000_1F00_8000_0000).unwrap();
         r.load();
         r.ins(0);
-        assert_eq!(r.unit.take_interrupt(), Some(ThresholdInterrupt::Suppressed(0x1F)));
+        assert_eq!(
+            r.unit.take_interrupt(),
+            Some(ThresholdInterrupt::Suppressed(0x1F))
+        );
         assert_eq!(r.unit.stats().interrupts_suppressed, 1);
     }
 
@@ -923,9 +971,16 @@ mod tests {
         let mut r = rig(LwpProfile::Emulated, 0, 1024);
         assert_eq!(r.unit.cfg().raw(), 0x0000_4005_E000_0062);
         assert!(r.unit.write_cfg(1 << 2).is_err(), "IRE not in emulated");
-        assert_eq!(r.unit.cfg().raw(), 0x0000_4005_E000_0062, "a refused write changes nothing");
+        assert_eq!(
+            r.unit.cfg().raw(),
+            0x0000_4005_E000_0062,
+            "a refused write changes nothing"
+        );
         r.load();
-        assert_eq!(r.unit.write_cbaddr(0x5000), Err(MsrError::CbaddrNonZero(0x5000)));
+        assert_eq!(
+            r.unit.write_cbaddr(0x5000),
+            Err(MsrError::CbaddrNonZero(0x5000))
+        );
         assert_eq!(r.unit.cbaddr(), CB);
         r.mem.clear_writes();
         r.unit.write_cbaddr(0).unwrap();
@@ -946,14 +1001,23 @@ mod tests {
         let area = r.unit.save_xsave();
         assert_eq!(area.lwpcb_address, CB);
         assert_eq!(area.head, r.head());
-        assert_eq!(area.counters[0], 2, "counter 1 after 5 LWPVALs with interval 3");
+        assert_eq!(
+            area.counters[0], 2,
+            "counter 1 after 5 LWPVALs with interval 3"
+        );
         assert_eq!(area.counters[5], 0x500);
         let mut fresh = LwpUnit::new(*r.unit.caps());
         fresh.write_cfg(r.unit.cfg().raw()).unwrap();
         fresh.restore_xsave(&mut r.mem, &area).unwrap();
-        assert_eq!(fresh.block(), r.unit.block(), "restored block equals the saved one");
+        assert_eq!(
+            fresh.block(),
+            r.unit.block(),
+            "restored block equals the saved one"
+        );
         assert_eq!(fresh.save_xsave(), area);
-        fresh.restore_xsave(&mut r.mem, &LwpXsaveArea::INIT).unwrap();
+        fresh
+            .restore_xsave(&mut r.mem, &LwpXsaveArea::INIT)
+            .unwrap();
         assert_eq!(fresh.cbaddr(), 0, "init state disables LWP");
     }
 
@@ -962,9 +1026,18 @@ mod tests {
         let mut r = rig(LwpProfile::Emulated, 0x2, 4096);
         r.load();
         let good = r.unit.save_xsave();
-        let table: [(&str, fn(&mut LwpXsaveArea), Option<GuestFault>); 4] = [
-            ("flags beyond the profile are dropped", |a| a.flags = 0xFFFF_FFFF, None),
-            ("ring too small", |a| a.buffer_size = 64, Some(GuestFault::GeneralProtection)),
+        type Breaker = fn(&mut LwpXsaveArea);
+        let table: [(&str, Breaker, Option<GuestFault>); 4] = [
+            (
+                "flags beyond the profile are dropped",
+                |a| a.flags = 0xFFFF_FFFF,
+                None,
+            ),
+            (
+                "ring too small",
+                |a| a.buffer_size = 64,
+                Some(GuestFault::GeneralProtection),
+            ),
             (
                 "LWPCB unmapped",
                 |a| a.lwpcb_address = 0x7000_0000,
@@ -998,7 +1071,11 @@ mod tests {
         with_record.saved_record[0] = 255;
         let mut u = LwpUnit::new(*r.unit.caps());
         u.restore_xsave(&mut r.mem, &with_record).unwrap();
-        assert_eq!(u.block().unwrap().missed_events, 1, "saved record counted as missed");
+        assert_eq!(
+            u.block().unwrap().missed_events,
+            1,
+            "saved record counted as missed"
+        );
     }
 
     #[test]
@@ -1011,13 +1088,22 @@ mod tests {
         assert_eq!(back.state(), state);
         let mut bad = state;
         bad.cfg = 1 << 2;
-        assert!(matches!(LwpUnit::from_state(*r.unit.caps(), &bad), Err(StateError::Cfg(_))));
+        assert!(matches!(
+            LwpUnit::from_state(*r.unit.caps(), &bad),
+            Err(StateError::Cfg(_))
+        ));
         let mut bad = state;
         if let Some(b) = bad.block.as_mut() {
             b.head = 4096;
         }
-        assert!(matches!(LwpUnit::from_state(*r.unit.caps(), &bad), Err(StateError::Block(_))));
+        assert!(matches!(
+            LwpUnit::from_state(*r.unit.caps(), &bad),
+            Err(StateError::Block(_))
+        ));
         let bulldozer = LwpProfile::Bulldozer.caps().unwrap();
-        assert!(LwpUnit::from_state(bulldozer, &state).is_err(), "other profile");
+        assert!(
+            LwpUnit::from_state(bulldozer, &state).is_err(),
+            "other profile"
+        );
     }
 }

@@ -113,7 +113,12 @@ mod tests {
         assert_eq!(area.filters, 0x2800_0000);
         assert_eq!(area.saved_record, [0; RECORD_SIZE]);
         assert_eq!(area.counters[2], 0x2702A, "EventCounter3 at 0x48");
-        assert!(area.counters.iter().enumerate().all(|(i, &c)| i == 2 || c == 0));
+        assert!(
+            area.counters
+                .iter()
+                .enumerate()
+                .all(|(i, &c)| i == 2 || c == 0)
+        );
         assert_eq!(area.to_bytes(), bytes, "byte-for-byte round trip");
     }
 
