@@ -5,8 +5,12 @@
 //! - [`lwp`]: the LWP architecture model and the emulated LWP unit (pure);
 //! - [`guard`]: every guest address the unit touches, translated through the
 //!   guest's own page tables and checked against guest RAM;
+//! - [`vmm`]: the KVM shell: VM, vCPU loop, CPUID, MSRs, boot, devices;
+//! - [`guests`]: lwpvmm's own guests, embedded;
 //! - [`cli`]: the user-facing commands.
 
 pub mod cli;
 pub mod guard;
+pub mod guests;
 pub mod lwp;
+pub mod vmm;

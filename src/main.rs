@@ -6,14 +6,18 @@ use clap::Parser;
 
 use lwpvmm::cli::{Cli, run};
 
+/// The exit status for a VMM error: even, so it never looks like an
+/// isa-debug-exit status, which is always odd.
+const ERROR_STATUS: u8 = 2;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let stdout = std::io::stdout();
     match run(cli, &mut stdout.lock()) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(status) => ExitCode::from(status),
         Err(e) => {
             eprintln!("lwpvmm: {e}");
-            ExitCode::FAILURE
+            ExitCode::from(ERROR_STATUS)
         }
     }
 }

@@ -1,20 +1,21 @@
-//! `lwpvmm cpuid`: the CPUID values a guest gets for an LWP profile, as JSON
+//! `lwpvmm cpuid`: the CPUID table a guest gets for an LWP profile, as JSON
 //! or as a table with the LWP fields decoded.
 
 use std::io::Write;
 
-use crate::lwp::cpuid::{GuestLwpSupport, LEAF_LWP, LwpFeatures, LwpLeaf, LwpProfile, lwp_entries};
+use crate::lwp::cpuid::{GuestLwpSupport, LEAF_LWP, LwpFeatures, LwpLeaf, LwpProfile};
+use crate::vmm::vm::cpuid_table;
 
 use super::CliError;
 
-/// Prints the entries for `profile`.
+/// Prints the table for `profile`.
 pub fn print(
     out: &mut dyn Write,
     profile: LwpProfile,
     guest: GuestLwpSupport,
     json: bool,
 ) -> Result<(), CliError> {
-    let entries = lwp_entries(profile, guest);
+    let entries = cpuid_table(profile, guest)?;
     if json {
         serde_json::to_writer_pretty(&mut *out, &entries)?;
         writeln!(out)?;
@@ -22,7 +23,7 @@ pub fn print(
     }
     writeln!(
         out,
-        "LWP profile `{profile}` ({guest:?} guest): LWP bits lwpvmm sets on top of KVM's supported CPUID"
+        "CPUID for LWP profile `{profile}` ({guest:?} guest), as passed to KVM_SET_CPUID2 for vCPU 0"
     )?;
     writeln!(
         out,
@@ -37,6 +38,7 @@ pub fn print(
         )?;
     }
     let Some(lwp) = entries.iter().find(|e| e.leaf == LEAF_LWP) else {
+        writeln!(out, "\nno LWP leaf: the profile has no LWP")?;
         return Ok(());
     };
     let leaf = LwpLeaf::from_regs([lwp.eax, lwp.ebx, lwp.ecx, lwp.edx]);

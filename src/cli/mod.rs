@@ -3,11 +3,15 @@
 mod cpuid;
 
 use std::io::Write;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 
 use clap::{Parser, Subcommand, ValueEnum};
 use thiserror::Error;
 
 use crate::lwp::cpuid::{GuestLwpSupport, LwpProfile};
+use crate::vmm::devices::SerialOut;
+use crate::vmm::vm::{self, RunOutcome, VmConfig, VmError};
 
 /// lwpvmm: AMD Lightweight Profiling for KVM guests on hosts without LWP.
 #[derive(Debug, Parser)]
@@ -21,7 +25,17 @@ pub struct Cli {
 /// The commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Print the LWP-related CPUID leaves a guest gets for an LWP profile.
+    /// Boot a kernel (ELF, with or without a PVH note, or a Linux bzImage).
+    Run(RunArgs),
+    /// Boot the embedded demo guest: a CPL3 program that profiles itself with
+    /// LWP. Exits 0 when the guest reports success.
+    Demo {
+        /// The LWP profile.
+        #[arg(long, value_enum, default_value_t = ProfileArg::Emulated)]
+        lwp: ProfileArg,
+    },
+    /// Print the CPUID table a guest gets for an LWP profile (what lwpvmm
+    /// passes to KVM_SET_CPUID2 for vCPU 0; needs /dev/kvm).
     Cpuid {
         /// The LWP profile.
         #[arg(long, value_enum, default_value_t = ProfileArg::Emulated)]
@@ -35,6 +49,39 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// `lwpvmm run` options.
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// The kernel image.
+    #[arg(long)]
+    pub kernel: PathBuf,
+    /// An initramfs to pass to the kernel.
+    #[arg(long)]
+    pub initramfs: Option<PathBuf>,
+    /// The kernel command line.
+    #[arg(long, default_value = "")]
+    pub cmdline: String,
+    /// Guest RAM in MiB.
+    #[arg(long, default_value_t = 128)]
+    pub memory: u64,
+    /// Number of vCPUs.
+    #[arg(long, default_value_t = 1)]
+    pub vcpus: u8,
+    /// The LWP profile.
+    #[arg(long, value_enum, default_value_t = ProfileArg::Emulated)]
+    pub lwp: ProfileArg,
+    /// `shim`: the guest carries lwpvmm's paravirtual LWP shim; `stock`: it
+    /// does not (CPUID 0x8000001C.EAX = 0 and LWP instructions #UD).
+    #[arg(long, value_enum, default_value_t = GuestArg::Shim)]
+    pub guest: GuestArg,
+    /// Where the serial console goes: `stdout` or a file path.
+    #[arg(long, default_value = "stdout")]
+    pub serial: String,
+    /// Write the run's counters as JSON to this file.
+    #[arg(long)]
+    pub metrics: Option<PathBuf>,
 }
 
 /// `--lwp` values.
@@ -88,11 +135,131 @@ pub enum CliError {
     /// Encoding JSON failed.
     #[error("cannot encode JSON: {0}")]
     Json(#[from] serde_json::Error),
+    /// A file named on the command line cannot be read.
+    #[error("cannot read {what} {path}: {source}")]
+    Read {
+        /// Which file.
+        what: &'static str,
+        /// Its path.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The VM failed.
+    #[error(transparent)]
+    Vm(#[from] VmError),
 }
 
-/// Runs a parsed command line, writing to `out`.
-pub fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CliError> {
+/// Exit status of `lwpvmm run` when the guest wrote `value` to port 0xf4:
+/// `(value << 1) | 1`, exactly as QEMU's isa-debug-exit.
+pub fn exit_status(value: u8) -> u8 {
+    (value << 1) | 1
+}
+
+fn read(what: &'static str, path: &PathBuf) -> Result<Vec<u8>, CliError> {
+    std::fs::read(path).map_err(|source| CliError::Read {
+        what,
+        path: path.clone(),
+        source,
+    })
+}
+
+/// Runs a parsed command line, writing to `out`; returns the exit status.
+pub fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
     match cli.command {
-        Command::Cpuid { lwp, guest, json } => cpuid::print(out, lwp.into(), guest.into(), json),
+        Command::Run(args) => {
+            let serial = match args.serial.as_str() {
+                "stdout" => SerialOut::Stdout,
+                path => SerialOut::File(path.into()),
+            };
+            let config = VmConfig {
+                kernel: read("kernel", &args.kernel)?,
+                initramfs: args
+                    .initramfs
+                    .as_ref()
+                    .map(|p| read("initramfs", p))
+                    .transpose()?,
+                cmdline: args.cmdline,
+                memory_mib: args.memory,
+                vcpus: args.vcpus,
+                profile: args.lwp.into(),
+                guest: args.guest.into(),
+                serial,
+            };
+            let outcome = vm::run(&config)?;
+            if let Some(path) = &args.metrics {
+                std::fs::write(path, serde_json::to_vec_pretty(&summary(&outcome))?)?;
+            }
+            Ok(exit_status(outcome.exit_value))
+        }
+        Command::Demo { lwp } => demo(out, lwp.into()),
+        Command::Cpuid { lwp, guest, json } => {
+            cpuid::print(out, lwp.into(), guest.into(), json)?;
+            Ok(0)
+        }
     }
+}
+
+fn summary(outcome: &RunOutcome) -> serde_json::Value {
+    let lwp: Vec<serde_json::Value> = outcome
+        .lwp
+        .iter()
+        .map(|s| {
+            serde_json::json!({
+                "records_stored": s.records_stored,
+                "records_missed": s.records_missed,
+                "store_faults": s.store_faults,
+                "flush_faults": s.flush_faults,
+                "interrupts_due": s.interrupts_due,
+                "interrupts_suppressed": s.interrupts_suppressed,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "exit_value": outcome.exit_value,
+        "vm": outcome.metrics,
+        "lwp_units": lwp,
+    })
+}
+
+fn demo(out: &mut dyn Write, profile: LwpProfile) -> Result<u8, CliError> {
+    let kernel = crate::guests::get("demo").unwrap_or_default().to_vec();
+    let console = Arc::new(Mutex::new(Vec::new()));
+    let config = VmConfig {
+        kernel,
+        initramfs: None,
+        cmdline: String::new(),
+        memory_mib: 64,
+        vcpus: 1,
+        profile,
+        guest: GuestLwpSupport::Shim,
+        serial: SerialOut::Capture(Arc::clone(&console)),
+    };
+    let started = std::time::Instant::now();
+    let outcome = vm::run(&config)?;
+    let elapsed = started.elapsed();
+    let text = console.lock().map(|c| c.clone()).unwrap_or_default();
+    out.write_all(&text)?;
+    let m = &outcome.metrics;
+    let stats = outcome.lwp.first().copied().unwrap_or_default();
+    writeln!(out, "---")?;
+    writeln!(
+        out,
+        "lwpvmm demo: guest exited with {} after {:.1} ms (LWP profile `{profile}`)",
+        outcome.exit_value,
+        elapsed.as_secs_f64() * 1e3
+    )?;
+    writeln!(
+        out,
+        "  LWP instructions emulated through the #UD doorbell: {} (llwpcb {}, slwpcb {}, lwpins {}, lwpval {})",
+        m["ud_handled"], m["llwpcb"], m["slwpcb"], m["lwpins"], m["lwpval"]
+    )?;
+    writeln!(
+        out,
+        "  records stored into the guest's ring: {}, missed: {}, LWP MSR exits: {}",
+        stats.records_stored, stats.records_missed, m["exits_msr"]
+    )?;
+    let ok = outcome.exit_value == 0;
+    writeln!(out, "  result: {}", if ok { "success" } else { "FAILURE" })?;
+    Ok(if ok { 0 } else { 1 })
 }

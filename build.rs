@@ -1,0 +1,97 @@
+//! Builds lwpvmm's own guests (resources/guests) with the machine's gcc and
+//! GNU ld, so the binary can embed them: each guest is the shared runtime,
+//! the CPL3 library and one program, linked into a PVH-bootable ELF.
+
+use std::env;
+use std::fmt::Write as _;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The guests: the demo, a minimal one for start-up benchmarks, and the
+/// integration-test guests.
+const GUESTS: &[&str] = &["demo", "minimal"];
+
+const CFLAGS: &[&str] = &[
+    "-m64",
+    "-O2",
+    "-std=gnu11",
+    "-Wall",
+    "-Werror",
+    "-ffreestanding",
+    "-fno-pic",
+    "-fno-pie",
+    "-fno-stack-protector",
+    "-fno-asynchronous-unwind-tables",
+    "-fcf-protection=none",
+    "-mno-red-zone",
+    "-mgeneral-regs-only",
+    "-mlwp",
+];
+
+fn run(cmd: &mut Command) {
+    let status = cmd
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e} (install gcc and binutils)"));
+    assert!(status.success(), "{cmd:?} failed with {status}");
+}
+
+fn compile(src: &Path, out: &Path) {
+    run(Command::new("gcc")
+        .args(CFLAGS)
+        .arg("-c")
+        .arg(src)
+        .arg("-o")
+        .arg(out));
+}
+
+fn main() {
+    let dir = PathBuf::from("resources/guests");
+    let out = PathBuf::from(env::var("OUT_DIR").expect("OUT_DIR")).join("guests");
+    fs::create_dir_all(&out).expect("create guest output dir");
+    println!("cargo:rerun-if-changed={}", dir.display());
+
+    let runtime = out.join("runtime.o");
+    compile(&dir.join("runtime.S"), &runtime);
+    let lib = out.join("lib.o");
+    compile(&dir.join("lib.c"), &lib);
+
+    let mut table = String::new();
+    for name in GUESTS {
+        let mut objects = vec![runtime.clone(), lib.clone()];
+        for ext in ["c", "S"] {
+            let src = dir.join(format!("{name}.{ext}"));
+            if src.exists() {
+                let obj = out.join(format!("{name}_{ext}.o"));
+                compile(&src, &obj);
+                objects.push(obj);
+            }
+        }
+        let elf = out.join(format!("{name}.elf"));
+        run(Command::new("ld")
+            .args([
+                "-m",
+                "elf_x86_64",
+                "-nostdlib",
+                "--no-warn-rwx-segments",
+                "-T",
+            ])
+            .arg(dir.join("guest.ld"))
+            .arg("-o")
+            .arg(&elf)
+            .args(&objects));
+        writeln!(
+            table,
+            "    ({name:?}, include_bytes!({:?})),",
+            elf.display().to_string()
+        )
+        .unwrap();
+    }
+    fs::write(
+        out.join("guests.rs"),
+        format!(
+            "/// Every embedded guest, by name.\npub const ALL: &[(&str, &[u8])] = &[\n{table}];\n"
+        ),
+    )
+    .expect("write guests.rs");
+}

@@ -1,0 +1,107 @@
+/* The CPL3 side of lwpvmm's test guests. Runs natively (CPL3); only the
+ * port writes exit to the VMM. */
+#include "lib.h"
+
+static inline void outb(u16 port, u8 v)
+{
+    __asm__ volatile("outb %0, %1" : : "a"(v), "Nd"(port));
+}
+
+void putc(char c) { outb(0x3f8, (u8)c); }
+
+void puts(const char *s)
+{
+    while (*s)
+        putc(*s++);
+}
+
+void put_hex(u64 v)
+{
+    puts("0x");
+    for (int i = 60; i >= 0; i -= 4) {
+        if ((v >> i) == 0 && i != 0)
+            continue;
+        putc("0123456789abcdef"[(v >> i) & 0xf]);
+    }
+}
+
+void put_dec(u64 v)
+{
+    char b[24];
+    int n = 0;
+    do {
+        b[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    while (n)
+        putc(b[--n]);
+}
+
+void guest_exit(u32 code)
+{
+    outb(0xf4, (u8)code);
+    for (;;)
+        __asm__ volatile("pause");
+}
+
+void *memset(void *d, int c, unsigned long n)
+{
+    u8 *p = d;
+    while (n--)
+        *p++ = (u8)c;
+    return d;
+}
+
+void *memcpy(void *d, const void *s, unsigned long n)
+{
+    u8 *p = d;
+    const u8 *q = s;
+    while (n--)
+        *p++ = *q++;
+    return d;
+}
+
+const struct cpuid_entry *cpuid_of(u32 leaf)
+{
+    for (struct cpuid_entry *e = cpuid_table; e->leaf; e++)
+        if (e->leaf == leaf)
+            return e;
+    return 0;
+}
+
+static u32 passed, failed;
+
+void check(int ok, const char *what)
+{
+    if (ok)
+        passed++;
+    else
+        failed++;
+    puts(ok ? "ok " : "not ok ");
+    put_dec(passed + failed);
+    puts(" - ");
+    puts(what);
+    putc('\n');
+}
+
+void check_eq(u64 got, u64 want, const char *what)
+{
+    check(got == want, what);
+    if (got != want) {
+        puts("#   got ");
+        put_hex(got);
+        puts(" want ");
+        put_hex(want);
+        putc('\n');
+    }
+}
+
+int done(void)
+{
+    puts("guest: ");
+    put_dec(passed);
+    puts(" passed, ");
+    put_dec(failed);
+    puts(" failed\n");
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,347 @@
+/*
+ * The runtime every lwpvmm test guest shares: a PVH entry (32-bit protected
+ * mode, paging off), the switch to long mode, a GDT with user segments, a
+ * TSS whose I/O bitmap opens the serial port and the exit port to CPL3, an
+ * IDT with lwpvmm's paravirtual #UD shim, recording fault and interrupt
+ * handlers, then one iretq into the CPL3 program (`main`).
+ *
+ * CPL0 work is kept to a few hundred instructions: on nested KVM hosts
+ * (kvm_pvm) every CPL0 instruction goes through KVM's emulator. Page tables
+ * are built by the assembler, not at run time.
+ *
+ * Paravirtual interface: docs/pv-abi.md.
+ */
+
+#define KERNEL_CS 0x08
+#define KERNEL_DS 0x10
+#define USER_DS   0x1b
+#define USER_CS   0x23
+#define TSS_SEL   0x28
+
+#define PV_UD_PORT 0x5c
+#define EXIT_PORT  0xf4
+#define LAPIC_BASE 0xfee00000
+
+        .section .note.Xen, "a", @note
+        .p2align 2
+        .long 4                 /* name size */
+        .long 4                 /* desc size */
+        .long 18                /* XEN_ELFNOTE_PHYS32_ENTRY */
+        .asciz "Xen"
+        .long _start32
+
+        .section .text.boot, "ax"
+        .code32
+        .globl _start32
+_start32:
+        cli
+        lgdt    gdt_desc
+        mov     %cr4, %eax
+        or      $0x620, %eax            /* PAE | OSFXSR | OSXMMEXCPT */
+        mov     %eax, %cr4
+        mov     $pml4, %eax
+        mov     %eax, %cr3
+        mov     $0xc0000080, %ecx       /* EFER */
+        rdmsr
+        or      $0x900, %eax            /* LME | NXE */
+        wrmsr
+        mov     %cr0, %eax
+        and     $0xfffffffb, %eax       /* clear EM */
+        or      $0x80010003, %eax       /* PG | WP | MP | PE */
+        mov     %eax, %cr0
+        ljmp    $KERNEL_CS, $start64
+
+        .code64
+start64:
+        mov     $KERNEL_DS, %ax
+        mov     %ax, %ds
+        mov     %ax, %es
+        mov     %ax, %ss
+        xor     %eax, %eax
+        mov     %ax, %fs
+        mov     %ax, %gs
+        mov     $kernel_stack_top, %rsp
+
+        /* TSS descriptor base (bits 15:0, 23:16, 31:24, 63:32) */
+        mov     $tss, %rax
+        mov     %ax, gdt_tss + 2
+        shr     $16, %rax
+        mov     %al, gdt_tss + 4
+        mov     %ah, gdt_tss + 7
+        shr     $16, %rax
+        mov     %eax, gdt_tss + 8
+        mov     $TSS_SEL, %ax
+        ltr     %ax
+        call    setup_idt
+        lidt    idt_desc
+
+        /* Software-enable the local APIC (SVR = 0x1ff). */
+        mov     $LAPIC_BASE, %eax
+        movl    $0x1ff, 0xf0(%rax)
+
+        call    read_cpuid
+        call    setup_lwp_cfg
+        call    kernel_hook
+
+        /* Into the CPL3 program, interrupts on. */
+        pushq   $USER_DS
+        pushq   $user_stack_top
+        pushq   $0x202
+        pushq   $USER_CS
+        pushq   $user_start
+        iretq
+
+/* The CPUID leaves LWP software needs, read at CPL0 (on kvm_pvm, CPL3 CPUID
+ * returns the host's leaves). Entry i: leaf, subleaf, eax, ebx, ecx, edx. */
+read_cpuid:
+        mov     $cpuid_table, %rsi
+1:      mov     (%rsi), %eax
+        test    %eax, %eax
+        jz      2f
+        mov     4(%rsi), %ecx
+        cpuid
+        mov     %eax, 8(%rsi)
+        mov     %ebx, 12(%rsi)
+        mov     %ecx, 16(%rsi)
+        mov     %edx, 20(%rsi)
+        add     $24, %rsi
+        jmp     1b
+2:      ret
+
+/* As an OS that supports LWP would: when CPUID shows LWP, enable in
+ * LWP_CFG every feature the processor supports, with the threshold
+ * interrupt on vector 0x40. */
+setup_lwp_cfg:
+        testl   $0x8000, cpuid_table + 24 + 16  /* 0x80000001.ECX[15] */
+        jz      1f
+        mov     cpuid_table + 48 + 20, %eax     /* 0x8000001C.EDX */
+        and     $0xe000007e, %eax
+        mov     $0x4000, %edx                   /* vector 0x40 in 47:40 */
+        mov     $0xc0000105, %ecx
+        wrmsr
+1:      ret
+
+/* Interrupt gates (DPL 0) for the vectors in idt_handlers. */
+setup_idt:
+        mov     $idt_handlers, %rsi
+1:      mov     (%rsi), %rcx
+        cmp     $-1, %rcx
+        je      2f
+        mov     8(%rsi), %rax
+        shl     $4, %rcx
+        add     $idt, %rcx
+        mov     %ax, (%rcx)
+        movw    $KERNEL_CS, 2(%rcx)
+        movw    $0x8e00, 4(%rcx)
+        shr     $16, %rax
+        mov     %ax, 6(%rcx)
+        shr     $16, %rax
+        mov     %eax, 8(%rcx)
+        add     $16, %rsi
+        jmp     1b
+2:      ret
+
+        .weak kernel_hook
+kernel_hook:
+        ret
+
+/* #UD: the paravirtual LWP shim. The doorbell is the first instruction, so
+ * every general register still holds the interrupted context. The VMM
+ * answers in RFLAGS.CF: clear = handled (frame updated), set = not an LWP
+ * instruction for the VMM, so the guest's own #UD path runs. */
+ud_handler:
+        out     %al, $PV_UD_PORT
+        jc      1f
+        iretq
+1:      pushq   $0
+        pushq   $6
+        jmp     fault_common
+
+.macro FAULT_NOCODE vec
+fault_\vec:
+        pushq   $0
+        pushq   $\vec
+        jmp     fault_common
+.endm
+.macro FAULT_CODE vec
+fault_\vec:
+        pushq   $\vec
+        jmp     fault_common
+.endm
+        FAULT_NOCODE 0
+        FAULT_NOCODE 1
+        FAULT_NOCODE 3
+        FAULT_CODE 13
+        FAULT_CODE 14
+
+/* A fault the program expects: it stored a resume address in fault_resume
+ * before the faulting instruction. Record vector, error code, CR2 and RIP,
+ * then resume there. An unexpected fault ends the VM with exit value
+ * 0x80 | vector. */
+fault_common:
+        push    %rax
+        push    %rdx
+        mov     fault_resume, %rax
+        test    %rax, %rax
+        jz      9f
+        movq    $0, fault_resume
+        mov     16(%rsp), %rdx
+        mov     %rdx, fault_vector
+        mov     24(%rsp), %rdx
+        mov     %rdx, fault_error
+        mov     %cr2, %rdx
+        mov     %rdx, fault_cr2
+        mov     32(%rsp), %rdx
+        mov     %rdx, fault_rip
+        mov     %rax, 32(%rsp)
+        incq    fault_count
+        pop     %rdx
+        pop     %rax
+        add     $16, %rsp
+        iretq
+9:      mov     16(%rsp), %rax
+        or      $0x80, %al
+        out     %al, $EXIT_PORT
+        hlt
+        jmp     9b
+
+/* Vectors 0x40-0x4f: count the interrupt, EOI, return. */
+.macro IRQ vec
+irq_\vec:
+        incq    irq_counts + 8 * (\vec - 0x40)
+        push    %rax
+        mov     $LAPIC_BASE, %eax
+        movl    $0, 0xb0(%rax)
+        pop     %rax
+        iretq
+.endm
+        .irp v, 0x40,0x41,0x42,0x43,0x44,0x45,0x46,0x47,0x48,0x49,0x4a,0x4b,0x4c,0x4d,0x4e,0x4f
+        IRQ \v
+        .endr
+
+        .text
+user_start:
+        call    main
+        mov     %eax, %edi
+        call    guest_exit
+
+/* ---- data ---- */
+        .data
+        .p2align 4
+gdt:
+        .quad 0
+        .quad 0x00af9b000000ffff        /* 0x08 kernel code 64 */
+        .quad 0x00cf93000000ffff        /* 0x10 kernel data */
+        .quad 0x00cff3000000ffff        /* 0x18 user data */
+        .quad 0x00affb000000ffff        /* 0x20 user code 64 */
+gdt_tss:
+        .quad 0x0000890000000000 + (tss_end - tss - 1)
+        .quad 0
+gdt_end:
+gdt_desc:
+        .word gdt_end - gdt - 1
+        .quad gdt
+
+        .p2align 4
+tss:
+        .long 0
+        .quad kernel_stack_top          /* RSP0 */
+        .quad 0, 0
+        .quad 0                         /* reserved */
+        .quad 0, 0, 0, 0, 0, 0, 0       /* IST1-7 */
+        .quad 0
+        .word 0
+        .word iomap - tss               /* I/O map base */
+iomap:
+        /* Ports 0x000-0x3ff: allow 0xf4 and 0x3f8-0x3ff, deny the rest. */
+        .fill 30, 1, 0xff
+        .byte 0xef                      /* 0xf0-0xf7: allow 0xf4 */
+        .fill 96, 1, 0xff
+        .byte 0x00                      /* 0x3f8-0x3ff */
+        .byte 0xff                      /* terminator */
+tss_end:
+
+idt_handlers:
+        .quad 0, fault_0, 1, fault_1, 3, fault_3, 6, ud_handler
+        .quad 13, fault_13, 14, fault_14
+        .irp v, 0x40,0x41,0x42,0x43,0x44,0x45,0x46,0x47,0x48,0x49,0x4a,0x4b,0x4c,0x4d,0x4e,0x4f
+        .quad \v, irq_\v
+        .endr
+        .quad -1
+
+        .p2align 4
+idt:
+        .fill 256 * 16, 1, 0
+idt_end:
+idt_desc:
+        .word idt_end - idt - 1
+        .quad idt
+
+        .globl fault_resume, fault_count, fault_vector, fault_error, fault_cr2, fault_rip
+        .globl irq_counts, cpuid_table, window_pt
+        .p2align 3
+fault_resume:   .quad 0
+fault_count:    .quad 0
+fault_vector:   .quad 0
+fault_error:    .quad 0
+fault_cr2:      .quad 0
+fault_rip:      .quad 0
+irq_counts:     .fill 16, 8, 0
+cpuid_table:
+        .long 0x80000000, 0, 0, 0, 0, 0
+        .long 0x80000001, 0, 0, 0, 0, 0
+        .long 0x8000001c, 0, 0, 0, 0, 0
+        .long 0x40000100, 0, 0, 0, 0, 0
+        .long 0x40000101, 0, 0, 0, 0, 0
+        .long 0, 0, 0, 0, 0, 0
+
+/* Page tables: 0-1 GiB identity-mapped with user 2 MiB pages, except the
+ * "window" 0x400000-0x5fffff, mapped by 4 KiB user pages in window_pt that a
+ * test's kernel_hook may rewrite; 1-4 GiB identity-mapped supervisor-only
+ * (the local APIC lives there). */
+        .section .data.pagetables, "aw"
+        .p2align 12
+pml4:
+        .quad pdpt + 0x7
+        .fill 511, 8, 0
+pdpt:
+        .quad pd0 + 0x7
+        .quad pd1 + 0x3
+        .quad pd2 + 0x3
+        .quad pd3 + 0x3
+        .fill 508, 8, 0
+pd0:
+        .set i, 0
+        .rept 512
+        .if i == 2
+        .quad window_pt + 0x7
+        .else
+        .quad (i << 21) | 0x87
+        .endif
+        .set i, i + 1
+        .endr
+.macro PD_SUPERVISOR gib
+        .set i, 0
+        .rept 512
+        .quad ((\gib << 30) + (i << 21)) | 0x83
+        .set i, i + 1
+        .endr
+.endm
+pd1:    PD_SUPERVISOR 1
+pd2:    PD_SUPERVISOR 2
+pd3:    PD_SUPERVISOR 3
+window_pt:
+        .set i, 0
+        .rept 512
+        .quad (0x400000 + (i << 12)) | 0x7
+        .set i, i + 1
+        .endr
+
+        .bss
+        .p2align 12
+kernel_stack:   .skip 16384
+kernel_stack_top:
+user_stack:     .skip 65536
+user_stack_top:
+
+        .section .note.GNU-stack, "", @progbits

@@ -1,0 +1,472 @@
+//! Booting a guest: guest RAM with the MMIO hole, kernel loading through
+//! linux-loader (ELF with a PVH note, ELF64 without one, Linux bzImage), the
+//! boot information each protocol needs (PVH start_info, Linux boot_params),
+//! and the initial register state of the boot vCPU.
+
+use std::io::Cursor;
+
+use kvm_bindings::{kvm_regs, kvm_segment, kvm_sregs};
+use linux_loader::configurator::linux::LinuxBootConfigurator;
+use linux_loader::configurator::pvh::PvhBootConfigurator;
+use linux_loader::configurator::{BootConfigurator, BootParams};
+use linux_loader::loader::bootparam::{boot_e820_entry, boot_params};
+use linux_loader::loader::elf::start_info::{
+    hvm_memmap_table_entry, hvm_modlist_entry, hvm_start_info,
+};
+use linux_loader::loader::{BzImage, Cmdline, Elf, KernelLoader, PvhBootCapability, load_cmdline};
+use thiserror::Error;
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend};
+
+use crate::guard::GuestMemory;
+use crate::guard::pagetable::{PageSize, PageTables, PteFlags};
+
+/// Start of the MMIO hole below 4 GiB (LAPIC, IOAPIC and friends live there).
+pub const MMIO_HOLE_START: u64 = 0xC000_0000;
+/// End of the MMIO hole.
+pub const MMIO_HOLE_END: u64 = 0x1_0000_0000;
+/// The smallest guest lwpvmm boots.
+pub const MIN_MEMORY_MIB: u64 = 16;
+/// The largest guest RAM lwpvmm accepts.
+pub const MAX_MEMORY_MIB: u64 = 1 << 20;
+
+const GDT_ADDR: u64 = 0x500;
+const PVH_INFO_ADDR: u64 = 0x6000;
+const PVH_MODLIST_ADDR: u64 = 0x6040;
+const PVH_MEMMAP_ADDR: u64 = 0x6080;
+const ZERO_PAGE_ADDR: u64 = 0x7000;
+const PAGE_TABLE_POOL: (u64, u64) = (0x9000, 0x10000);
+const CMDLINE_ADDR: u64 = 0x20000;
+const CMDLINE_MAX: usize = 4096;
+/// Where the kernel image starts (1 MiB); lower memory holds boot data.
+pub const KERNEL_START: u64 = 0x10_0000;
+
+const E820_RAM: u32 = 1;
+const PVH_MAGIC: u32 = 0x336e_c578;
+const BOOT_LOADER_UNDEFINED: u8 = 0xff;
+const KERNEL_LOADED_HIGH: u8 = 0x01;
+const KERNEL_BOOT_FLAG_MAGIC: u16 = 0xaa55;
+const KERNEL_HDR_MAGIC: u32 = 0x5372_6448;
+
+/// Why a guest could not be set up.
+#[derive(Debug, Error)]
+pub enum BootError {
+    /// Guest memory size out of range.
+    #[error(
+        "guest memory of {0} MiB is out of range: give --memory between {MIN_MEMORY_MIB} and {MAX_MEMORY_MIB} MiB"
+    )]
+    MemorySize(u64),
+    /// The mmap of guest RAM failed.
+    #[error("cannot allocate {0} MiB of guest memory: {1}")]
+    MemoryAlloc(u64, vm_memory::mmap::FromRangesError),
+    /// The image is neither an ELF64 kernel nor a bzImage.
+    #[error("the kernel is neither an x86-64 ELF nor a Linux bzImage ({elf}; {bzimage})")]
+    KernelFormat {
+        /// Why the ELF loader refused it.
+        elf: linux_loader::loader::Error,
+        /// Why the bzImage loader refused it.
+        bzimage: linux_loader::loader::Error,
+    },
+    /// The image did not fit in guest memory.
+    #[error("cannot load the kernel ({0}): is --memory large enough for it?")]
+    KernelLoad(linux_loader::loader::Error),
+    /// The command line is invalid or too long.
+    #[error("invalid kernel command line: {0}")]
+    Cmdline(linux_loader::cmdline::Error),
+    /// The initramfs does not fit.
+    #[error(
+        "the initramfs ({size} bytes) does not fit in guest memory below {limit:#x}: raise --memory"
+    )]
+    InitramfsTooLarge {
+        /// Its size.
+        size: u64,
+        /// The highest address it may end at.
+        limit: u64,
+    },
+    /// Writing boot data failed.
+    #[error("cannot write boot data into guest memory: {0}")]
+    BootData(String),
+}
+
+/// How the boot vCPU enters the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entry {
+    /// PVH: 32-bit protected mode, paging off, RBX = start_info.
+    Pvh(u64),
+    /// Linux 64-bit boot protocol: long mode, identity map, RSI = boot_params.
+    Linux64(u64),
+}
+
+/// RAM ranges for `mib` MiB: below the MMIO hole, then above 4 GiB.
+pub fn ram_ranges(mib: u64) -> Result<Vec<(GuestAddress, usize)>, BootError> {
+    if !(MIN_MEMORY_MIB..=MAX_MEMORY_MIB).contains(&mib) {
+        return Err(BootError::MemorySize(mib));
+    }
+    let bytes = mib << 20;
+    let low = bytes.min(MMIO_HOLE_START);
+    let mut ranges = vec![(GuestAddress(0), low as usize)];
+    if bytes > low {
+        ranges.push((GuestAddress(MMIO_HOLE_END), (bytes - low) as usize));
+    }
+    Ok(ranges)
+}
+
+/// Allocates guest RAM.
+pub fn create_memory(mib: u64) -> Result<GuestMemory, BootError> {
+    GuestMemory::from_ranges(&ram_ranges(mib)?).map_err(|e| BootError::MemoryAlloc(mib, e))
+}
+
+/// What loading put in memory.
+#[derive(Debug, Clone, Copy)]
+pub struct LoadedKernel {
+    /// How to enter it.
+    pub entry: Entry,
+    /// First byte after the image.
+    pub end: u64,
+    setup_header: Option<linux_loader::loader::bootparam::setup_header>,
+}
+
+/// Loads `image` (ELF first, bzImage when it is not an ELF).
+pub fn load_kernel(mem: &GuestMemory, image: &[u8]) -> Result<LoadedKernel, BootError> {
+    let start = Some(GuestAddress(KERNEL_START));
+    let elf = match Elf::load(mem, None, &mut Cursor::new(image), start) {
+        Ok(r) => {
+            let entry = match r.pvh_boot_cap {
+                PvhBootCapability::PvhEntryPresent(addr) => Entry::Pvh(addr.raw_value()),
+                _ => Entry::Linux64(r.kernel_load.raw_value()),
+            };
+            return Ok(LoadedKernel {
+                entry,
+                end: r.kernel_end,
+                setup_header: None,
+            });
+        }
+        Err(linux_loader::loader::Error::Elf(
+            e @ (linux_loader::loader::elf::Error::InvalidElfMagicNumber
+            | linux_loader::loader::elf::Error::ReadElfHeader),
+        )) => linux_loader::loader::Error::Elf(e),
+        Err(e) => return Err(BootError::KernelLoad(e)),
+    };
+    match BzImage::load(mem, None, &mut Cursor::new(image), start) {
+        Ok(r) => Ok(LoadedKernel {
+            entry: Entry::Linux64(r.kernel_load.raw_value() + 0x200),
+            end: r.kernel_end,
+            setup_header: r.setup_header,
+        }),
+        Err(bzimage) => Err(BootError::KernelFormat { elf, bzimage }),
+    }
+}
+
+/// Writes the command line, the initramfs and the boot information the
+/// kernel's entry protocol expects.
+pub fn write_boot_info(
+    mem: &GuestMemory,
+    kernel: &LoadedKernel,
+    cmdline: &str,
+    initramfs: Option<&[u8]>,
+) -> Result<(), BootError> {
+    let mut cl = Cmdline::new(CMDLINE_MAX).map_err(BootError::Cmdline)?;
+    if !cmdline.is_empty() {
+        cl.insert_str(cmdline).map_err(BootError::Cmdline)?;
+    }
+    load_cmdline(mem, GuestAddress(CMDLINE_ADDR), &cl)
+        .map_err(|e| BootError::BootData(e.to_string()))?;
+    let cmdline_size = cmdline.len() as u32 + 1;
+    let initrd = match initramfs {
+        Some(data) => Some(place_initramfs(mem, kernel.end, data)?),
+        None => None,
+    };
+    let ram: Vec<(u64, u64)> = mem
+        .iter()
+        .map(|r| {
+            use vm_memory::GuestMemoryRegion;
+            (r.start_addr().raw_value(), r.len())
+        })
+        .collect();
+    match kernel.entry {
+        Entry::Pvh(_) => write_pvh(mem, &ram, initrd),
+        Entry::Linux64(_) => {
+            write_linux(mem, &ram, kernel, cmdline_size, initrd)?;
+            build_identity_map(mem)
+        }
+    }
+}
+
+fn place_initramfs(
+    mem: &GuestMemory,
+    kernel_end: u64,
+    data: &[u8],
+) -> Result<(u64, u64), BootError> {
+    let size = data.len() as u64;
+    let limit = mem.last_addr().raw_value().min(MMIO_HOLE_START - 1) + 1;
+    let addr = limit.checked_sub(size).map(|a| a & !0xfff);
+    match addr {
+        Some(a) if a >= kernel_end => {
+            mem.write_slice(data, GuestAddress(a))
+                .map_err(|e| BootError::BootData(e.to_string()))?;
+            Ok((a, size))
+        }
+        _ => Err(BootError::InitramfsTooLarge { size, limit }),
+    }
+}
+
+fn write_pvh(
+    mem: &GuestMemory,
+    ram: &[(u64, u64)],
+    initrd: Option<(u64, u64)>,
+) -> Result<(), BootError> {
+    let info = hvm_start_info {
+        magic: PVH_MAGIC,
+        version: 1,
+        cmdline_paddr: CMDLINE_ADDR,
+        memmap_paddr: PVH_MEMMAP_ADDR,
+        memmap_entries: ram.len() as u32,
+        nr_modules: u32::from(initrd.is_some()),
+        modlist_paddr: if initrd.is_some() {
+            PVH_MODLIST_ADDR
+        } else {
+            0
+        },
+        ..Default::default()
+    };
+    let memmap: Vec<hvm_memmap_table_entry> = ram
+        .iter()
+        .map(|&(addr, size)| hvm_memmap_table_entry {
+            addr,
+            size,
+            type_: E820_RAM,
+            reserved: 0,
+        })
+        .collect();
+    let mut params = BootParams::new(&info, GuestAddress(PVH_INFO_ADDR));
+    params.set_sections(&memmap, GuestAddress(PVH_MEMMAP_ADDR));
+    if let Some((paddr, size)) = initrd {
+        let module = hvm_modlist_entry {
+            paddr,
+            size,
+            ..Default::default()
+        };
+        params.set_modules(&[module], GuestAddress(PVH_MODLIST_ADDR));
+    }
+    PvhBootConfigurator::write_bootparams(&params, mem)
+        .map_err(|e| BootError::BootData(e.to_string()))
+}
+
+fn write_linux(
+    mem: &GuestMemory,
+    ram: &[(u64, u64)],
+    kernel: &LoadedKernel,
+    cmdline_size: u32,
+    initrd: Option<(u64, u64)>,
+) -> Result<(), BootError> {
+    let mut params = boot_params::default();
+    if let Some(hdr) = kernel.setup_header {
+        params.hdr = hdr;
+    }
+    params.hdr.type_of_loader = BOOT_LOADER_UNDEFINED;
+    params.hdr.boot_flag = KERNEL_BOOT_FLAG_MAGIC;
+    params.hdr.header = KERNEL_HDR_MAGIC;
+    params.hdr.loadflags |= KERNEL_LOADED_HIGH;
+    params.hdr.cmd_line_ptr = CMDLINE_ADDR as u32;
+    params.hdr.cmdline_size = cmdline_size;
+    if let Some((addr, size)) = initrd {
+        params.hdr.ramdisk_image = addr as u32;
+        params.hdr.ramdisk_size = size as u32;
+    }
+    for (i, &(addr, size)) in ram.iter().take(params.e820_table.len()).enumerate() {
+        params.e820_table[i] = boot_e820_entry {
+            addr,
+            size,
+            r#type: E820_RAM,
+        };
+    }
+    params.e820_entries = ram.len().min(params.e820_table.len()) as u8;
+    LinuxBootConfigurator::write_bootparams(
+        &BootParams::new(&params, GuestAddress(ZERO_PAGE_ADDR)),
+        mem,
+    )
+    .map_err(|e| BootError::BootData(e.to_string()))
+}
+
+/// The boot GDT: null, 64-bit code (0x08), data (0x10), 32-bit code (0x18).
+const GDT: [u64; 4] = [
+    0,
+    0x00af_9b00_0000_ffff,
+    0x00cf_9300_0000_ffff,
+    0x00cf_9b00_0000_ffff,
+];
+const SEL_CODE64: u16 = 0x08;
+const SEL_DATA: u16 = 0x10;
+const SEL_CODE32: u16 = 0x18;
+
+fn build_identity_map(mem: &GuestMemory) -> Result<(), BootError> {
+    let err = |e: crate::guard::pagetable::BuildError| BootError::BootData(e.to_string());
+    let mut pt = PageTables::new(mem, PAGE_TABLE_POOL.0, PAGE_TABLE_POOL.1).map_err(err)?;
+    for gib in 0..4u64 {
+        for two_mib in 0..512u64 {
+            let addr = (gib << 30) | (two_mib << 21);
+            pt.map(addr, addr, PageSize::Size2M, PteFlags::KERNEL_RW)
+                .map_err(err)?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes the boot GDT.
+pub fn write_gdt(mem: &GuestMemory) -> Result<(), BootError> {
+    for (i, d) in GDT.iter().enumerate() {
+        mem.write_obj(*d, GuestAddress(GDT_ADDR + 8 * i as u64))
+            .map_err(|e| BootError::BootData(e.to_string()))?;
+    }
+    Ok(())
+}
+
+fn segment(selector: u16, descriptor: u64) -> kvm_segment {
+    let flag = |bit: u32| ((descriptor >> bit) & 1) as u8;
+    kvm_segment {
+        base: 0,
+        limit: 0xffff_ffff,
+        selector,
+        type_: ((descriptor >> 40) & 0xf) as u8,
+        present: flag(47),
+        dpl: ((descriptor >> 45) & 3) as u8,
+        db: flag(54),
+        s: flag(44),
+        l: flag(53),
+        g: flag(55),
+        avl: 0,
+        unusable: 0,
+        padding: 0,
+    }
+}
+
+/// The boot vCPU's registers for `entry`, starting from KVM's `sregs`.
+pub fn initial_state(entry: Entry, mut sregs: kvm_sregs) -> (kvm_regs, kvm_sregs) {
+    let data = segment(SEL_DATA, GDT[2]);
+    sregs.gdt.base = GDT_ADDR;
+    sregs.gdt.limit = (GDT.len() * 8 - 1) as u16;
+    sregs.ds = data;
+    sregs.es = data;
+    sregs.fs = data;
+    sregs.gs = data;
+    sregs.ss = data;
+    let mut regs = kvm_regs {
+        rflags: 0x2,
+        ..Default::default()
+    };
+    match entry {
+        Entry::Pvh(rip) => {
+            sregs.cs = segment(SEL_CODE32, GDT[3]);
+            sregs.cr0 = 0x11;
+            sregs.cr4 = 0;
+            sregs.efer = 0;
+            regs.rip = rip;
+            regs.rbx = PVH_INFO_ADDR;
+        }
+        Entry::Linux64(rip) => {
+            sregs.cs = segment(SEL_CODE64, GDT[1]);
+            sregs.cr0 = 0x8000_0011;
+            sregs.cr3 = PAGE_TABLE_POOL.0;
+            sregs.cr4 = 0x20;
+            sregs.efer = 0x500;
+            regs.rip = rip;
+            regs.rsi = ZERO_PAGE_ADDR;
+        }
+    }
+    (regs, sregs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::guard::{Access, GuestView, Paging};
+
+    #[test]
+    fn ram_layout_skips_the_mmio_hole() {
+        let table: [(u64, Vec<(u64, usize)>); 3] = [
+            (64, vec![(0, 64 << 20)]),
+            (3072, vec![(0, 3 << 30)]),
+            (4096, vec![(0, 3 << 30), (1 << 32, 1 << 30)]),
+        ];
+        for (mib, want) in table {
+            let got: Vec<(u64, usize)> = ram_ranges(mib)
+                .unwrap()
+                .into_iter()
+                .map(|(a, s)| (a.raw_value(), s))
+                .collect();
+            assert_eq!(got, want, "{mib} MiB");
+        }
+        for bad in [0, 15, MAX_MEMORY_MIB + 1] {
+            let err = ram_ranges(bad).unwrap_err().to_string();
+            assert!(err.contains("--memory"), "{err}");
+        }
+    }
+
+    #[test]
+    fn embedded_guest_boots_through_pvh() {
+        let mem = create_memory(64).unwrap();
+        let k = load_kernel(&mem, crate::guests::get("minimal").unwrap()).unwrap();
+        assert!(matches!(k.entry, Entry::Pvh(0x10_0000)), "{:?}", k.entry);
+        write_boot_info(&mem, &k, "console=ttyS0", Some(&[7u8; 4096])).unwrap();
+        let info: hvm_start_info = mem.read_obj(GuestAddress(PVH_INFO_ADDR)).unwrap();
+        assert_eq!(info.magic, PVH_MAGIC);
+        assert_eq!(info.memmap_entries, 1);
+        assert_eq!(info.nr_modules, 1);
+        let module: hvm_modlist_entry = mem.read_obj(GuestAddress(info.modlist_paddr)).unwrap();
+        assert_eq!(module.size, 4096);
+        assert_eq!(mem.read_obj::<u8>(GuestAddress(module.paddr)).unwrap(), 7);
+        let mut cl = [0u8; 14];
+        mem.read_slice(&mut cl, GuestAddress(info.cmdline_paddr))
+            .unwrap();
+        assert_eq!(&cl, b"console=ttyS0\0");
+        let (regs, sregs) = initial_state(k.entry, kvm_sregs::default());
+        assert_eq!((regs.rip, regs.rbx), (0x10_0000, PVH_INFO_ADDR));
+        assert_eq!(
+            (sregs.cs.db, sregs.cs.l, sregs.cr0 & 0x8000_0001),
+            (1, 0, 1)
+        );
+    }
+
+    #[test]
+    fn rejects_what_is_not_a_kernel() {
+        let mem = create_memory(16).unwrap();
+        let err = load_kernel(&mem, b"definitely not a kernel image, just text").unwrap_err();
+        assert!(matches!(err, BootError::KernelFormat { .. }), "{err}");
+        assert!(err.to_string().contains("neither"), "{err}");
+    }
+
+    #[test]
+    fn linux64_entry_gets_boot_params_and_an_identity_map() {
+        let mem = create_memory(64).unwrap();
+        let k = LoadedKernel {
+            entry: Entry::Linux64(0x100_0000),
+            end: 0x200_0000,
+            setup_header: None,
+        };
+        write_boot_info(&mem, &k, "quiet", Some(&[1u8; 8192])).unwrap();
+        let params: boot_params = mem.read_obj(GuestAddress(ZERO_PAGE_ADDR)).unwrap();
+        assert_eq!({ params.hdr.cmd_line_ptr } as u64, CMDLINE_ADDR);
+        assert_eq!({ params.hdr.ramdisk_size }, 8192);
+        assert_eq!(params.e820_entries, 1);
+        assert_eq!({ params.e820_table[0].size }, 64 << 20);
+        let (regs, sregs) = initial_state(k.entry, kvm_sregs::default());
+        assert_eq!((regs.rip, regs.rsi), (0x100_0000, ZERO_PAGE_ADDR));
+        let paging = Paging::from_regs(sregs.cr0, sregs.cr3, sregs.cr4, 0x500 | 0x400, 48).unwrap();
+        let view = GuestView::new(&mem, paging);
+        for addr in [0u64, 0x100_0000, 0x3ff_f000] {
+            assert_eq!(view.translate(addr, Access::SupervisorWrite), Ok(addr));
+        }
+    }
+
+    #[test]
+    fn initramfs_that_does_not_fit_is_refused() {
+        let mem = create_memory(16).unwrap();
+        let k = LoadedKernel {
+            entry: Entry::Pvh(0x10_0000),
+            end: 0x80_0000,
+            setup_header: None,
+        };
+        let big = vec![0u8; 12 << 20];
+        let err = write_boot_info(&mem, &k, "", Some(&big)).unwrap_err();
+        assert!(matches!(err, BootError::InitramfsTooLarge { .. }), "{err}");
+    }
+}

@@ -1,0 +1,190 @@
+//! The CPUID table a VM receives: KVM's supported CPUID with the LWP profile
+//! applied, per-vCPU topology fields, and lwpvmm's hypervisor leaves at
+//! 0x4000_0100 (KVM's own 0x4000_0000 leaves stay as KVM reports them).
+//!
+//! Pure policy: it works on plain entries, so it is tested without KVM.
+
+use crate::lwp::cpuid::{
+    CpuidEntry, EXT_FEATURES_ECX_LWP, GuestLwpSupport, LEAF_EXT_FEATURES, LEAF_EXT_MAX, LEAF_LWP,
+    LwpProfile,
+};
+
+/// First leaf of lwpvmm's hypervisor range.
+pub const LEAF_PV_BASE: u32 = 0x4000_0100;
+/// The paravirtual-interface leaf.
+pub const LEAF_PV_INFO: u32 = 0x4000_0101;
+/// The signature in EBX, ECX, EDX of [`LEAF_PV_BASE`]: "LwpVmmLwpVmm".
+pub const PV_SIGNATURE: [u32; 3] = [
+    u32::from_le_bytes(*b"LwpV"),
+    u32::from_le_bytes(*b"mmLw"),
+    u32::from_le_bytes(*b"pVmm"),
+];
+/// The paravirtual interface version (docs/pv-abi.md).
+pub const PV_ABI_VERSION: u32 = 1;
+/// PV feature bit: the #UD doorbell for LWP instructions is available.
+pub const PV_FEATURE_UD_DOORBELL: u32 = 1 << 0;
+/// PV feature bit: the isa-debug-exit port ends the VM.
+pub const PV_FEATURE_EXIT_PORT: u32 = 1 << 1;
+/// The port the guest's #UD handler writes to (its first instruction).
+pub const PV_UD_PORT: u16 = 0x5c;
+/// QEMU's isa-debug-exit port.
+pub const EXIT_PORT: u16 = 0xf4;
+
+/// The whole table for vCPU `vcpu_id`, from KVM's supported entries.
+pub fn build(
+    supported: &[CpuidEntry],
+    profile: LwpProfile,
+    guest: GuestLwpSupport,
+    vcpu_id: u8,
+) -> Vec<CpuidEntry> {
+    let mut table: Vec<CpuidEntry> = supported
+        .iter()
+        .filter(|e| e.leaf != LEAF_LWP && !(LEAF_PV_BASE..=LEAF_PV_INFO).contains(&e.leaf))
+        .copied()
+        .collect();
+    let has_lwp = profile.caps().is_some();
+    for e in &mut table {
+        match e.leaf {
+            1 => e.ebx = (e.ebx & 0x00FF_FFFF) | u32::from(vcpu_id) << 24,
+            0xB | 0x1F => e.edx = u32::from(vcpu_id),
+            LEAF_EXT_MAX if has_lwp => e.eax = e.eax.max(LEAF_LWP),
+            LEAF_EXT_FEATURES => {
+                e.ecx = if has_lwp {
+                    e.ecx | EXT_FEATURES_ECX_LWP
+                } else {
+                    e.ecx & !EXT_FEATURES_ECX_LWP
+                }
+            }
+            _ => {}
+        }
+    }
+    if has_lwp {
+        let [eax, ebx, ecx, edx] = profile.leaf(guest).regs();
+        table.push(CpuidEntry {
+            leaf: LEAF_LWP,
+            subleaf: 0,
+            eax,
+            ebx,
+            ecx,
+            edx,
+        });
+    }
+    let features = PV_FEATURE_EXIT_PORT
+        | if has_lwp && guest == GuestLwpSupport::Shim {
+            PV_FEATURE_UD_DOORBELL
+        } else {
+            0
+        };
+    table.push(CpuidEntry {
+        leaf: LEAF_PV_BASE,
+        subleaf: 0,
+        eax: LEAF_PV_INFO,
+        ebx: PV_SIGNATURE[0],
+        ecx: PV_SIGNATURE[1],
+        edx: PV_SIGNATURE[2],
+    });
+    table.push(CpuidEntry {
+        leaf: LEAF_PV_INFO,
+        subleaf: 0,
+        eax: PV_ABI_VERSION,
+        ebx: features,
+        ecx: u32::from(PV_UD_PORT),
+        edx: u32::from(EXIT_PORT),
+    });
+    table.sort_by_key(|e| (e.leaf, e.subleaf));
+    table
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(leaf: u32, regs: [u32; 4]) -> CpuidEntry {
+        CpuidEntry {
+            leaf,
+            subleaf: 0,
+            eax: regs[0],
+            ebx: regs[1],
+            ecx: regs[2],
+            edx: regs[3],
+        }
+    }
+
+    /// A host like ours: extended leaves up to 0x8000_0021, no LWP, a
+    /// leftover all-zero 0x8000_001C and KVM's own 0x4000_0000 leaves.
+    fn host() -> Vec<CpuidEntry> {
+        vec![
+            entry(1, [0x00B4_0F00, 0x0A20_0800, 0x8120_2000, 0x178B_FBFF]),
+            entry(0x4000_0000, [0x4000_0001, 0x4B4D_564B, 0x564B_4D56, 0x4D]),
+            entry(LEAF_EXT_MAX, [0x8000_0021, 0, 0, 0]),
+            entry(LEAF_EXT_FEATURES, [0, 0, 0x0040_0393, 0]),
+            entry(LEAF_LWP, [0; 4]),
+        ]
+    }
+
+    fn find(t: &[CpuidEntry], leaf: u32) -> CpuidEntry {
+        *t.iter().find(|e| e.leaf == leaf).expect("leaf present")
+    }
+
+    #[test]
+    fn profiles_patch_the_lwp_leaves() {
+        for profile in LwpProfile::ALL {
+            for guest in [GuestLwpSupport::Shim, GuestLwpSupport::Stock] {
+                let t = build(&host(), profile, guest, 0);
+                let lwp = profile.caps().is_some();
+                let ext = find(&t, LEAF_EXT_FEATURES);
+                assert_eq!(ext.ecx & EXT_FEATURES_ECX_LWP != 0, lwp, "{profile}");
+                assert_eq!(
+                    ext.ecx & !EXT_FEATURES_ECX_LWP,
+                    0x0040_0393,
+                    "{profile}: other bits kept"
+                );
+                assert_eq!(find(&t, LEAF_EXT_MAX).eax, 0x8000_0021, "never lowered");
+                let leaf = t.iter().filter(|e| e.leaf == LEAF_LWP).collect::<Vec<_>>();
+                if lwp {
+                    let want = profile.leaf(guest).regs();
+                    assert_eq!(leaf.len(), 1);
+                    assert_eq!([leaf[0].eax, leaf[0].ebx, leaf[0].ecx, leaf[0].edx], want);
+                } else {
+                    assert!(leaf.is_empty(), "{profile}: no LWP leaf");
+                }
+                let pv = find(&t, LEAF_PV_INFO);
+                let doorbell = lwp && guest == GuestLwpSupport::Shim;
+                assert_eq!(
+                    pv.ebx & PV_FEATURE_UD_DOORBELL != 0,
+                    doorbell,
+                    "{profile} {guest:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn max_extended_leaf_is_raised_when_needed() {
+        let mut h = host();
+        h[2].eax = 0x8000_0008;
+        let t = build(&h, LwpProfile::Emulated, GuestLwpSupport::Shim, 0);
+        assert_eq!(find(&t, LEAF_EXT_MAX).eax, LEAF_LWP);
+    }
+
+    #[test]
+    fn hypervisor_leaves_and_topology() {
+        let t = build(&host(), LwpProfile::Emulated, GuestLwpSupport::Shim, 3);
+        let kvm = find(&t, 0x4000_0000);
+        assert_eq!(kvm.ebx, 0x4B4D_564B, "KVM's own leaves untouched");
+        let base = find(&t, LEAF_PV_BASE);
+        assert_eq!(base.eax, LEAF_PV_INFO);
+        let sig: Vec<u8> = [base.ebx, base.ecx, base.edx]
+            .iter()
+            .flat_map(|r| r.to_le_bytes())
+            .collect();
+        assert_eq!(&sig, b"LwpVmmLwpVmm");
+        let info = find(&t, LEAF_PV_INFO);
+        assert_eq!((info.eax, info.ecx, info.edx), (PV_ABI_VERSION, 0x5c, 0xf4));
+        assert_eq!(find(&t, 1).ebx >> 24, 3, "APIC ID of vCPU 3");
+        assert!(
+            t.windows(2)
+                .all(|w| (w[0].leaf, w[0].subleaf) < (w[1].leaf, w[1].subleaf))
+        );
+    }
+}

@@ -1,0 +1,171 @@
+//! The port-I/O devices: the 8250 UART at 0x3f8 (vm-superio), QEMU's
+//! isa-debug-exit port at 0xf4, and the paravirtual doorbell ports, which
+//! only the vCPU loop can answer (they need the vCPU's registers).
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use vm_superio::serial::NoEvents;
+use vm_superio::{Serial, Trigger};
+use vmm_sys_util::eventfd::EventFd;
+
+use super::cpuid::{EXIT_PORT, PV_UD_PORT};
+
+/// The serial port's first register.
+pub const SERIAL_BASE: u16 = 0x3f8;
+/// The serial port's GSI.
+pub const SERIAL_IRQ: u32 = 4;
+
+/// Where the guest's serial output goes.
+#[derive(Debug, Clone)]
+pub enum SerialOut {
+    /// Standard output.
+    Stdout,
+    /// A file, created or truncated.
+    File(PathBuf),
+    /// A shared buffer (tests, the demo's summary).
+    Capture(Arc<Mutex<Vec<u8>>>),
+}
+
+struct CaptureWriter(Arc<Mutex<Vec<u8>>>);
+
+impl Write for CaptureWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0
+            .lock()
+            .map_err(|_| io::Error::other("serial capture lock poisoned"))?
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl SerialOut {
+    fn writer(&self) -> io::Result<Box<dyn Write + Send>> {
+        Ok(match self {
+            SerialOut::Stdout => Box::new(io::stdout()),
+            SerialOut::File(path) => Box::new(File::create(path)?),
+            SerialOut::Capture(buf) => Box::new(CaptureWriter(Arc::clone(buf))),
+        })
+    }
+}
+
+/// Raises the serial interrupt through an irqfd.
+pub struct IrqTrigger(pub EventFd);
+
+impl Trigger for IrqTrigger {
+    type E = io::Error;
+
+    fn trigger(&self) -> io::Result<()> {
+        self.0.write(1)
+    }
+}
+
+/// What a port access asks of the vCPU loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PortAction {
+    /// Done.
+    Handled,
+    /// The guest wrote `value` to the exit port: end the VM.
+    Exit(u8),
+    /// The #UD doorbell: the vCPU loop emulates the LWP instruction.
+    UdDoorbell,
+    /// No device at this port.
+    Unclaimed,
+}
+
+/// The devices on the port bus.
+pub struct PortBus {
+    serial: Serial<IrqTrigger, NoEvents, Box<dyn Write + Send>>,
+}
+
+impl PortBus {
+    /// The bus with its serial output going to `out`; `irq` is the eventfd
+    /// wired to the serial GSI.
+    pub fn new(out: &SerialOut, irq: EventFd) -> io::Result<Self> {
+        Ok(PortBus {
+            serial: Serial::new(IrqTrigger(irq), out.writer()?),
+        })
+    }
+
+    /// A byte-wide OUT.
+    pub fn write(&mut self, port: u16, data: &[u8]) -> PortAction {
+        let value = data.first().copied().unwrap_or(0);
+        match port {
+            SERIAL_BASE..=0x3ff => {
+                // A failed trigger or write only loses console output.
+                let _ = self.serial.write((port - SERIAL_BASE) as u8, value);
+                PortAction::Handled
+            }
+            EXIT_PORT => PortAction::Exit(value),
+            PV_UD_PORT => PortAction::UdDoorbell,
+            _ => PortAction::Unclaimed,
+        }
+    }
+
+    /// An IN: unclaimed ports read as all ones, as on a PC bus.
+    pub fn read(&mut self, port: u16, data: &mut [u8]) -> PortAction {
+        match port {
+            SERIAL_BASE..=0x3ff => {
+                let v = self.serial.read((port - SERIAL_BASE) as u8);
+                data.iter_mut().for_each(|b| *b = v);
+                PortAction::Handled
+            }
+            _ => {
+                data.iter_mut().for_each(|b| *b = 0xff);
+                PortAction::Unclaimed
+            }
+        }
+    }
+
+    /// Feeds console input to the guest.
+    pub fn serial_input(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.serial
+            .enqueue_raw_bytes(bytes)
+            .map(|_| ())
+            .map_err(|e| io::Error::other(format!("{e:?}")))
+    }
+
+    /// Flushes console output.
+    pub fn flush(&mut self) {
+        let _ = self.serial.writer_mut().flush();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ports() {
+        let buf = Arc::new(Mutex::new(Vec::new()));
+        let mut bus = PortBus::new(
+            &SerialOut::Capture(Arc::clone(&buf)),
+            EventFd::new(0).unwrap(),
+        )
+        .unwrap();
+        for b in b"hi" {
+            assert_eq!(bus.write(0x3f8, &[*b]), PortAction::Handled);
+        }
+        assert_eq!(&*buf.lock().unwrap(), b"hi");
+        // (port, byte written, action)
+        let table = [
+            (0xf4, 3, PortAction::Exit(3)),
+            (0x5c, 0, PortAction::UdDoorbell),
+            (0x80, 0, PortAction::Unclaimed),
+        ];
+        for (port, value, want) in table {
+            assert_eq!(bus.write(port, &[value]), want, "{port:#x}");
+        }
+        let mut d = [0u8; 1];
+        assert_eq!(bus.read(0x61, &mut d), PortAction::Unclaimed);
+        assert_eq!(d, [0xff]);
+        assert_eq!(bus.read(0x3fd, &mut d), PortAction::Handled);
+        assert_ne!(d[0] & 0x20, 0, "transmitter empty");
+    }
+}

@@ -1,0 +1,466 @@
+//! Emulation of one LWP instruction (LLWPCB, SLWPCB, LWPINS, LWPVAL) in a
+//! guest context: decoding with iced-x86, operand fetch (registers, r/m32
+//! memory through the guard), the LWP unit, and the results to write back.
+//! Shared by the paravirtual #UD doorbell and the CPL0 emulation-failure path.
+
+use iced_x86::{Decoder, DecoderError, DecoderOptions, Instruction, Mnemonic, OpKind, Register};
+use kvm_bindings::kvm_regs;
+
+use crate::guard::{Access, GuestView};
+use crate::lwp::fault::GuestFault;
+use crate::lwp::record::ProgrammedEvent;
+use crate::lwp::unit::LwpUnit;
+
+/// The longest x86 instruction.
+pub const MAX_INSN_LEN: usize = 15;
+const RFLAGS_CF: u64 = 1;
+
+/// The context an LWP instruction executes in.
+pub struct Context<'a> {
+    /// General registers; RSP is taken from `rsp`, not from here.
+    pub regs: &'a mut kvm_regs,
+    /// The context's RSP.
+    pub rsp: u64,
+    /// The context's RFLAGS.
+    pub rflags: u64,
+    /// Address of the instruction.
+    pub rip: u64,
+    /// True when the context runs at CPL3.
+    pub user: bool,
+    /// FS base, for FS-relative operands.
+    pub fs_base: u64,
+    /// GS base, for GS-relative operands.
+    pub gs_base: u64,
+}
+
+/// Why an instruction is not one the VMM emulates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotLwp {
+    /// The bytes decode to another instruction (or to nothing valid).
+    OtherInstruction,
+    /// The VM's profile has no LWP, or the guest is a stock guest.
+    LwpDisabled,
+}
+
+/// The outcome of one emulation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Done: the context continues at `next_rip` (registers, RSP and RFLAGS
+    /// in the context are updated).
+    Done {
+        /// Address after the instruction.
+        next_rip: u64,
+        /// Which instruction it was.
+        mnemonic: LwpMnemonic,
+    },
+    /// Not an LWP instruction for the VMM: the guest's own #UD applies.
+    NotLwp(NotLwp),
+    /// The instruction raises this fault.
+    Fault(GuestFault),
+}
+
+/// The four LWP instructions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LwpMnemonic {
+    /// LLWPCB.
+    Llwpcb,
+    /// SLWPCB.
+    Slwpcb,
+    /// LWPINS.
+    Lwpins,
+    /// LWPVAL.
+    Lwpval,
+}
+
+/// Reads up to [`MAX_INSN_LEN`] instruction bytes at `rip`, stopping at the
+/// first page that cannot be fetched. Fails only when not even the first
+/// byte can be.
+pub fn fetch(
+    view: &GuestView<'_>,
+    rip: u64,
+    user: bool,
+) -> Result<([u8; MAX_INSN_LEN], usize), GuestFault> {
+    let access = if user {
+        Access::UserFetch
+    } else {
+        Access::SupervisorFetch
+    };
+    let mut bytes = [0u8; MAX_INSN_LEN];
+    if view.read(rip, &mut bytes, access).is_ok() {
+        return Ok((bytes, MAX_INSN_LEN));
+    }
+    let in_page = (0x1000 - (rip & 0xfff)).min(MAX_INSN_LEN as u64) as usize;
+    view.read(rip, &mut bytes[..in_page], access)
+        .map_err(|e| e.fault())?;
+    Ok((bytes, in_page))
+}
+
+/// Decodes `bytes` (the first `len` are valid) and emulates the instruction
+/// if it is an LWP instruction. `unit` is `None` when LWP is not offered.
+pub fn emulate(
+    view: &mut GuestView<'_>,
+    unit: Option<&mut LwpUnit>,
+    ctx: &mut Context<'_>,
+    bytes: &[u8],
+    tsc: u64,
+) -> Outcome {
+    let Ok(mut decoder) = Decoder::try_with_ip(64, bytes, ctx.rip, DecoderOptions::NONE) else {
+        return Outcome::NotLwp(NotLwp::OtherInstruction);
+    };
+    let insn = decoder.decode();
+    if insn.is_invalid() {
+        if decoder.last_error() == DecoderError::NoMoreBytes && bytes.len() < MAX_INSN_LEN {
+            // The instruction runs onto a page that cannot be fetched.
+            let next = ctx.rip.wrapping_add(bytes.len() as u64);
+            let mut b = [0u8; 1];
+            let access = if ctx.user {
+                Access::UserFetch
+            } else {
+                Access::SupervisorFetch
+            };
+            if let Err(e) = view.read(next, &mut b, access) {
+                return Outcome::Fault(e.fault());
+            }
+        }
+        return Outcome::NotLwp(NotLwp::OtherInstruction);
+    }
+    let mnemonic = match insn.mnemonic() {
+        Mnemonic::Llwpcb => LwpMnemonic::Llwpcb,
+        Mnemonic::Slwpcb => LwpMnemonic::Slwpcb,
+        Mnemonic::Lwpins => LwpMnemonic::Lwpins,
+        Mnemonic::Lwpval => LwpMnemonic::Lwpval,
+        _ => return Outcome::NotLwp(NotLwp::OtherInstruction),
+    };
+    let Some(unit) = unit else {
+        return Outcome::NotLwp(NotLwp::LwpDisabled);
+    };
+    match run(view, unit, ctx, &insn, mnemonic, tsc) {
+        Ok(()) => Outcome::Done {
+            next_rip: insn.next_ip(),
+            mnemonic,
+        },
+        Err(fault) => Outcome::Fault(fault),
+    }
+}
+
+fn run(
+    view: &mut GuestView<'_>,
+    unit: &mut LwpUnit,
+    ctx: &mut Context<'_>,
+    insn: &Instruction,
+    mnemonic: LwpMnemonic,
+    tsc: u64,
+) -> Result<(), GuestFault> {
+    match mnemonic {
+        LwpMnemonic::Llwpcb => {
+            let address = read_reg(ctx, insn.op_register(0));
+            unit.llwpcb(view, address)
+        }
+        LwpMnemonic::Slwpcb => {
+            let address = unit.slwpcb(view);
+            write_reg(ctx, insn.op_register(0), address);
+            Ok(())
+        }
+        LwpMnemonic::Lwpins | LwpMnemonic::Lwpval => {
+            let ev = ProgrammedEvent {
+                data2: read_reg(ctx, insn.op_register(0)),
+                data1: read_rm32(view, ctx, insn)?,
+                flags: insn.immediate32(),
+                instruction_address: ctx.rip,
+            };
+            if mnemonic == LwpMnemonic::Lwpins {
+                let cf = unit.lwpins(view, &ev, tsc);
+                ctx.rflags = (ctx.rflags & !RFLAGS_CF) | u64::from(cf);
+            } else {
+                unit.lwpval(view, &ev, tsc);
+            }
+            Ok(())
+        }
+    }
+}
+
+fn read_rm32(
+    view: &GuestView<'_>,
+    ctx: &Context<'_>,
+    insn: &Instruction,
+) -> Result<u32, GuestFault> {
+    if insn.op_kind(1) == OpKind::Register {
+        return Ok(read_reg(ctx, insn.op_register(1)) as u32);
+    }
+    let address = insn
+        .virtual_address(1, 0, |reg, _, _| {
+            Some(match reg {
+                Register::FS => ctx.fs_base,
+                Register::GS => ctx.gs_base,
+                Register::ES | Register::CS | Register::SS | Register::DS => 0,
+                r => read_reg(ctx, r),
+            })
+        })
+        .ok_or(GuestFault::GeneralProtection)?;
+    let access = if ctx.user {
+        Access::UserRead
+    } else {
+        Access::SupervisorRead
+    };
+    let mut b = [0u8; 4];
+    view.read(address, &mut b, access).map_err(|e| e.fault())?;
+    Ok(u32::from_le_bytes(b))
+}
+
+fn slot<'a>(ctx: &'a mut Context<'_>, full: Register) -> Option<&'a mut u64> {
+    let r = &mut *ctx.regs;
+    Some(match full {
+        Register::RAX => &mut r.rax,
+        Register::RBX => &mut r.rbx,
+        Register::RCX => &mut r.rcx,
+        Register::RDX => &mut r.rdx,
+        Register::RSI => &mut r.rsi,
+        Register::RDI => &mut r.rdi,
+        Register::RBP => &mut r.rbp,
+        Register::RSP => &mut ctx.rsp,
+        Register::R8 => &mut r.r8,
+        Register::R9 => &mut r.r9,
+        Register::R10 => &mut r.r10,
+        Register::R11 => &mut r.r11,
+        Register::R12 => &mut r.r12,
+        Register::R13 => &mut r.r13,
+        Register::R14 => &mut r.r14,
+        Register::R15 => &mut r.r15,
+        _ => return None,
+    })
+}
+
+/// The value of a 32- or 64-bit general register (32-bit reads are
+/// zero-extended).
+fn read_reg(ctx: &Context<'_>, reg: Register) -> u64 {
+    let r = &*ctx.regs;
+    let value = match reg.full_register() {
+        Register::RAX => r.rax,
+        Register::RBX => r.rbx,
+        Register::RCX => r.rcx,
+        Register::RDX => r.rdx,
+        Register::RSI => r.rsi,
+        Register::RDI => r.rdi,
+        Register::RBP => r.rbp,
+        Register::RSP => ctx.rsp,
+        Register::R8 => r.r8,
+        Register::R9 => r.r9,
+        Register::R10 => r.r10,
+        Register::R11 => r.r11,
+        Register::R12 => r.r12,
+        Register::R13 => r.r13,
+        Register::R14 => r.r14,
+        Register::R15 => r.r15,
+        _ => 0,
+    };
+    if reg.size() == 4 {
+        value & 0xffff_ffff
+    } else {
+        value
+    }
+}
+
+/// Writes a 32- or 64-bit general register (a 32-bit write zero-extends).
+fn write_reg(ctx: &mut Context<'_>, reg: Register, value: u64) {
+    let value = if reg.size() == 4 {
+        value & 0xffff_ffff
+    } else {
+        value
+    };
+    if let Some(v) = slot(ctx, reg.full_register()) {
+        *v = value;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::guard::pagetable::{PageTables, PteFlags};
+    use crate::guard::{GuestMemory, Paging};
+    use crate::lwp::cpuid::LwpProfile;
+    use crate::lwp::lwpcb::LwpcbFixed;
+    use crate::lwp::record::EventRecord;
+    use vm_memory::{ByteValued, Bytes, GuestAddress};
+
+    const CB: u64 = 0x40_0000;
+    const RING: u64 = 0x40_1000;
+    const DATA: u64 = 0x40_3000;
+
+    struct Rig {
+        mem: GuestMemory,
+        cr3: u64,
+        unit: LwpUnit,
+        regs: kvm_regs,
+    }
+
+    fn rig() -> Rig {
+        let mem = GuestMemory::from_ranges(&[(GuestAddress(0), 16 << 20)]).unwrap();
+        let cr3 = {
+            let mut pt = PageTables::new(&mem, 0x1000, 0x10_0000).unwrap();
+            pt.map_range(CB, CB, 0x4000, PteFlags::USER_RW).unwrap();
+            pt.cr3()
+        };
+        let fixed = LwpcbFixed {
+            flags: 0x2,
+            buffer_size_random: 4096,
+            buffer_base: RING,
+            ..Default::default()
+        };
+        mem.write_slice(fixed.as_slice(), GuestAddress(CB)).unwrap();
+        mem.write_obj(0xDEAD_BEEFu32, GuestAddress(DATA + 8))
+            .unwrap();
+        let mut unit = LwpUnit::new(LwpProfile::Emulated.caps().unwrap());
+        unit.write_cfg(0x2).unwrap();
+        Rig {
+            mem,
+            cr3,
+            unit,
+            regs: kvm_regs::default(),
+        }
+    }
+
+    impl Rig {
+        fn exec(&mut self, bytes: &[u8], rflags: u64) -> (Outcome, u64, u64) {
+            let paging = Paging::from_regs(0x8001_0001, self.cr3, 0x20, 0xD00, 48).unwrap();
+            let mut view = GuestView::new(&self.mem, paging);
+            let mut ctx = Context {
+                regs: &mut self.regs,
+                rsp: 0x7000,
+                rflags,
+                rip: 0x1000,
+                user: true,
+                fs_base: 0,
+                gs_base: 0,
+            };
+            let out = emulate(&mut view, Some(&mut self.unit), &mut ctx, bytes, 0);
+            (out, ctx.rflags, ctx.rsp)
+        }
+        fn record(&self, slot: u64) -> EventRecord {
+            self.mem.read_obj(GuestAddress(RING + 32 * slot)).unwrap()
+        }
+    }
+
+    fn done(next_rip: u64, mnemonic: LwpMnemonic) -> Outcome {
+        Outcome::Done { next_rip, mnemonic }
+    }
+
+    #[test]
+    fn the_four_instructions() {
+        let mut r = rig();
+        r.regs.rax = CB;
+        // llwpcb rax
+        assert_eq!(
+            r.exec(&[0x8f, 0xe9, 0xf8, 0x12, 0xc0], 0).0,
+            done(0x1005, LwpMnemonic::Llwpcb)
+        );
+        assert_eq!(r.unit.cbaddr(), CB);
+        // lwpins rax, ecx, 0x1234: Data2 = rax, Data1 = ecx
+        r.regs.rcx = 0xFFFF_FFFF_0000_0011;
+        let (out, rflags, _) = r.exec(&[0x8f, 0xea, 0xf8, 0x12, 0xc1, 0x34, 0x12, 0, 0], 0x1);
+        assert_eq!(out, done(0x1009, LwpMnemonic::Lwpins));
+        assert_eq!(rflags, 0, "CF cleared: stored");
+        let rec = r.record(0);
+        assert_eq!(
+            (rec.event_id, rec.data1, rec.data2, rec.event_flags),
+            (255, 0x11, CB, 0x1234)
+        );
+        assert_eq!(rec.instruction_address, 0x1000);
+        // lwpval edx, dword [rip+0x2ff9]: Data1 from memory, Data2 = edx
+        r.regs.rdx = 0xAAAA_BBBB_0000_0005;
+        let disp = (DATA + 8 - 0x100D) as u32;
+        let mut lwpval = vec![0x8f, 0xea, 0x68, 0x12, 0x0d];
+        lwpval.extend_from_slice(&disp.to_le_bytes());
+        lwpval.extend_from_slice(&7u32.to_le_bytes());
+        assert_eq!(r.exec(&lwpval, 0).0, done(0x100D, LwpMnemonic::Lwpval));
+        let rec = r.record(1);
+        assert_eq!(
+            (rec.event_id, rec.data1, rec.data2, rec.event_flags),
+            (1, 0xDEAD_BEEF, 5, 7)
+        );
+        // slwpcb ebx: 32-bit destination, zero-extended
+        r.regs.rbx = u64::MAX;
+        assert_eq!(
+            r.exec(&[0x8f, 0xe9, 0x78, 0x12, 0xcb], 0).0,
+            done(0x1005, LwpMnemonic::Slwpcb)
+        );
+        assert_eq!(r.regs.rbx, CB);
+        // slwpcb rsp writes the context's RSP
+        let (_, _, rsp) = r.exec(&[0x8f, 0xe9, 0xf8, 0x12, 0xcc], 0);
+        assert_eq!(rsp, CB);
+    }
+
+    #[test]
+    fn faults_and_other_instructions() {
+        let mut r = rig();
+        // (bytes, rax, outcome); a truncated instruction whose next byte
+        // cannot be fetched raises the fetch fault.
+        let table: [(&[u8], u64, Outcome); 5] = [
+            (&[0x0f, 0x0b], 0, Outcome::NotLwp(NotLwp::OtherInstruction)),
+            (
+                &[0x8f, 0xe9],
+                0,
+                Outcome::Fault(GuestFault::PageFault {
+                    address: 0x1002,
+                    error_code: 0x14,
+                }),
+            ),
+            (&[0xcd, 0x80], 0, Outcome::NotLwp(NotLwp::OtherInstruction)),
+            (
+                &[0x8f, 0xe9, 0xf8, 0x12, 0xc0],
+                0x50_0000,
+                Outcome::Fault(GuestFault::PageFault {
+                    address: 0x50_0000,
+                    error_code: 4,
+                }),
+            ),
+            (
+                &[0x8f, 0xe9, 0xf8, 0x12, 0xc0],
+                0x8000_0000_0000_0000,
+                Outcome::Fault(GuestFault::GeneralProtection),
+            ),
+        ];
+        for (bytes, rax, want) in table {
+            r.regs.rax = rax;
+            assert_eq!(r.exec(bytes, 0).0, want, "{bytes:x?}");
+        }
+        assert_eq!(r.unit.cbaddr(), 0);
+        // A memory operand that is not mapped faults like the instruction would.
+        let (out, _, _) = r.exec(
+            &[
+                0x8f, 0xea, 0x68, 0x12, 0x0c, 0x25, 0, 0, 0x60, 0, 7, 0, 0, 0,
+            ],
+            0,
+        );
+        assert_eq!(
+            out,
+            Outcome::Fault(GuestFault::PageFault {
+                address: 0x60_0000,
+                error_code: 4
+            })
+        );
+    }
+
+    #[test]
+    fn no_unit_means_not_lwp() {
+        let mut r = rig();
+        let paging = Paging::from_regs(0x8001_0001, r.cr3, 0x20, 0xD00, 48).unwrap();
+        let mut view = GuestView::new(&r.mem, paging);
+        let mut ctx = Context {
+            regs: &mut r.regs,
+            rsp: 0,
+            rflags: 0,
+            rip: 0,
+            user: true,
+            fs_base: 0,
+            gs_base: 0,
+        };
+        let out = emulate(
+            &mut view,
+            None,
+            &mut ctx,
+            &[0x8f, 0xe9, 0xf8, 0x12, 0xc8],
+            0,
+        );
+        assert_eq!(out, Outcome::NotLwp(NotLwp::LwpDisabled));
+    }
+}

@@ -1,0 +1,11 @@
+//! The KVM shell around the pure core: VM setup and boot, the vCPU loop,
+//! CPUID, the LWP MSRs, the paravirtual #UD path, devices and metrics.
+
+pub mod boot;
+pub mod cpuid;
+pub mod devices;
+pub mod lwp_insn;
+pub mod metrics;
+pub mod ratelimit;
+pub mod vcpu;
+pub mod vm;

@@ -1,0 +1,632 @@
+//! One vCPU thread: KVM_RUN and its exits. Port I/O goes to the bus, LWP
+//! MSR exits to the vCPU's LWP unit, the #UD doorbell and CPL0 emulation
+//! failures on LWP instructions to the instruction emulator; anything else
+//! ends the VM with an error that names the exit, the vCPU and RIP.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use kvm_bindings::{kvm_msi, kvm_regs, kvm_run, kvm_segment, kvm_sregs};
+use kvm_ioctls::{SyncReg, VcpuExit, VcpuFd, VmFd};
+use thiserror::Error;
+use vm_memory::ByteValued;
+
+use super::devices::{PortAction, PortBus};
+use super::lwp_insn::{self, Context, LwpMnemonic, MAX_INSN_LEN, Outcome};
+use super::metrics::Metrics;
+use crate::guard::{Access, GuestMemory, GuestView, Paging};
+use crate::guest_warn;
+use crate::lwp::fault::GuestFault;
+use crate::lwp::msr::{MSR_LWP_CBADDR, MSR_LWP_CFG};
+use crate::lwp::unit::{LwpUnit, ThresholdInterrupt};
+
+const RFLAGS_CF: u64 = 1;
+const KVM_INTERNAL_ERROR_EMULATION: u32 = 1;
+const KVM_INTERNAL_ERROR_EMULATION_FLAG_INSTRUCTION_BYTES: u64 = 1;
+const MAXPHYADDR: u8 = 48;
+
+/// Why a vCPU stopped the VM with an error.
+#[derive(Debug, Error)]
+pub enum VcpuError {
+    /// KVM_RUN failed.
+    #[error("vCPU {vcpu}: KVM_RUN failed: {source}")]
+    Run {
+        /// The vCPU.
+        vcpu: u8,
+        /// The error.
+        source: kvm_ioctls::Error,
+    },
+    /// An ioctl needed to handle an exit failed.
+    #[error("vCPU {vcpu}: {what} failed: {source}")]
+    Ioctl {
+        /// The vCPU.
+        vcpu: u8,
+        /// The ioctl.
+        what: &'static str,
+        /// The error.
+        source: kvm_ioctls::Error,
+    },
+    /// An exit lwpvmm does not handle.
+    #[error("vCPU {vcpu}: unhandled exit {exit} at RIP {rip:#x}{bytes}")]
+    Unhandled {
+        /// The vCPU.
+        vcpu: u8,
+        /// The exit, named.
+        exit: String,
+        /// RIP at the exit.
+        rip: u64,
+        /// The instruction bytes, when KVM gave them.
+        bytes: String,
+    },
+    /// The guest triple-faulted or KVM shut it down.
+    #[error("vCPU {vcpu}: the guest shut down (triple fault or KVM shutdown) at RIP {rip:#x}")]
+    Shutdown {
+        /// The vCPU.
+        vcpu: u8,
+        /// RIP at the exit.
+        rip: u64,
+    },
+}
+
+/// How a vCPU left its loop without an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VcpuStop {
+    /// The guest wrote this value to the exit port.
+    ExitPort(u8),
+    /// Another vCPU ended the VM.
+    Stopped,
+}
+
+/// What all vCPUs of a VM share.
+pub struct Shared {
+    /// The VM.
+    pub vm: Arc<VmFd>,
+    /// Guest memory.
+    pub mem: Arc<GuestMemory>,
+    /// The port bus.
+    pub bus: Arc<Mutex<PortBus>>,
+    /// Set when the VM is to stop.
+    pub stop: Arc<AtomicBool>,
+    /// Counters.
+    pub metrics: Arc<Metrics>,
+}
+
+thread_local! {
+    static KVM_RUN: Cell<*mut kvm_run> = const { Cell::new(std::ptr::null_mut()) };
+}
+
+/// The kick signal's handler: makes the vCPU thread's KVM_RUN return at
+/// once (or not enter at all), so it sees the stop flag.
+pub extern "C" fn kick_handler(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    let run = KVM_RUN.with(Cell::get);
+    if !run.is_null() {
+        // SAFETY: the pointer is this thread's own kvm_run mapping, stored by
+        // `Vcpu::run_loop` before the first KVM_RUN and cleared before the
+        // mapping goes away; a signal handler on this thread can only run
+        // while it is valid. immediate_exit is a plain byte KVM reads at entry.
+        unsafe { (*run).immediate_exit = 1 };
+    }
+}
+
+/// A vCPU and its LWP unit.
+pub struct Vcpu {
+    fd: VcpuFd,
+    id: u8,
+    unit: Option<LwpUnit>,
+    tsc_offset: i64,
+}
+
+impl Vcpu {
+    /// A vCPU with its LWP unit (`None` when the VM has no LWP or the guest
+    /// cannot run LWP instructions). `tsc_offset` turns the host TSC into the
+    /// guest's.
+    pub fn new(fd: VcpuFd, id: u8, unit: Option<LwpUnit>, tsc_offset: i64) -> Self {
+        Vcpu {
+            fd,
+            id,
+            unit,
+            tsc_offset,
+        }
+    }
+
+    /// The LWP unit, for the end-of-run summary.
+    pub fn unit(&self) -> Option<&LwpUnit> {
+        self.unit.as_ref()
+    }
+
+    /// Runs until the guest exits, another vCPU stops the VM, or an error.
+    pub fn run_loop(&mut self, shared: &Shared) -> Result<VcpuStop, VcpuError> {
+        self.fd.set_sync_valid_reg(SyncReg::Register);
+        self.fd.set_sync_valid_reg(SyncReg::SystemRegister);
+        KVM_RUN.with(|c| c.set(self.fd.get_kvm_run()));
+        let result = self.exits(shared);
+        KVM_RUN.with(|c| c.set(std::ptr::null_mut()));
+        result
+    }
+
+    fn exits(&mut self, shared: &Shared) -> Result<VcpuStop, VcpuError> {
+        let id = self.id;
+        loop {
+            if shared.stop.load(Ordering::Acquire) {
+                return Ok(VcpuStop::Stopped);
+            }
+            let action = match self.fd.run() {
+                Ok(VcpuExit::IoOut(port, data)) => {
+                    shared.metrics.exits_io.fetch_add(1, Ordering::Relaxed);
+                    let action = shared
+                        .bus
+                        .lock()
+                        .map_or(PortAction::Handled, |mut b| b.write(port, data));
+                    if action == PortAction::Unclaimed {
+                        guest_warn!(
+                            shared.metrics.unclaimed_ports,
+                            "vCPU {id}: write to unclaimed port {port:#x}"
+                        );
+                    }
+                    action
+                }
+                Ok(VcpuExit::IoIn(port, data)) => {
+                    shared.metrics.exits_io.fetch_add(1, Ordering::Relaxed);
+                    if shared
+                        .bus
+                        .lock()
+                        .map_or(PortAction::Handled, |mut b| b.read(port, data))
+                        == PortAction::Unclaimed
+                    {
+                        guest_warn!(
+                            shared.metrics.unclaimed_ports,
+                            "vCPU {id}: read of unclaimed port {port:#x}"
+                        );
+                    }
+                    PortAction::Handled
+                }
+                Ok(VcpuExit::X86Rdmsr(exit)) => {
+                    shared.metrics.exits_msr.fetch_add(1, Ordering::Relaxed);
+                    match msr_read(self.unit.as_ref(), exit.index) {
+                        Some(v) => {
+                            *exit.data = v;
+                            *exit.error = 0;
+                        }
+                        None => *exit.error = 1,
+                    }
+                    PortAction::Handled
+                }
+                Ok(VcpuExit::X86Wrmsr(exit)) => {
+                    shared.metrics.exits_msr.fetch_add(1, Ordering::Relaxed);
+                    let ok = msr_write(self.unit.as_mut(), exit.index, exit.data);
+                    *exit.error = u8::from(!ok);
+                    if !ok {
+                        guest_warn!(
+                            shared.metrics.msr_gp,
+                            "vCPU {id}: WRMSR {:#x} <- {:#x} refused with #GP",
+                            exit.index,
+                            exit.data
+                        );
+                    }
+                    PortAction::Handled
+                }
+                Ok(VcpuExit::Shutdown) => {
+                    return Err(VcpuError::Shutdown {
+                        vcpu: id,
+                        rip: self.fd.sync_regs().regs.rip,
+                    });
+                }
+                Ok(VcpuExit::InternalError) => {
+                    self.emulation_failure(shared)?;
+                    PortAction::Handled
+                }
+                Ok(other) => {
+                    let exit = format!("{other:?}");
+                    return Err(VcpuError::Unhandled {
+                        vcpu: id,
+                        exit,
+                        rip: self.fd.sync_regs().regs.rip,
+                        bytes: String::new(),
+                    });
+                }
+                Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
+                    self.fd.set_kvm_immediate_exit(0);
+                    PortAction::Handled
+                }
+                Err(source) => return Err(VcpuError::Run { vcpu: id, source }),
+            };
+            match action {
+                PortAction::Exit(value) => return Ok(VcpuStop::ExitPort(value)),
+                PortAction::UdDoorbell => self.ud_doorbell(shared)?,
+                PortAction::Handled | PortAction::Unclaimed => {}
+            }
+            self.deliver_interrupt(shared);
+        }
+    }
+
+    fn guest_tsc(&self) -> u64 {
+        // SAFETY: RDTSC has no memory effects; the host CPU has it (x86-64).
+        let host = unsafe { core::arch::x86_64::_rdtsc() };
+        host.wrapping_add_signed(self.tsc_offset)
+    }
+
+    /// The #UD doorbell: the guest's #UD handler ran `out` as its first
+    /// instruction; the exception frame is at RSP and every other general
+    /// register holds the interrupted context. docs/pv-abi.md.
+    fn ud_doorbell(&mut self, shared: &Shared) -> Result<(), VcpuError> {
+        let id = self.id;
+        shared.metrics.ud_doorbells.fetch_add(1, Ordering::Relaxed);
+        let sync = self.fd.sync_regs();
+        let (mut regs, sregs) = (sync.regs, sync.sregs);
+        let reply = self.doorbell_reply(shared, &mut regs, &sregs);
+        match reply {
+            Ok(Some(fault)) => {
+                shared.metrics.ud_faults.fetch_add(1, Ordering::Relaxed);
+                return self.inject_after_unwind(shared, regs, sregs, fault);
+            }
+            Ok(None) => {
+                shared.metrics.ud_handled.fetch_add(1, Ordering::Relaxed);
+                regs.rflags &= !RFLAGS_CF;
+            }
+            Err(why) => {
+                shared.metrics.ud_not_lwp.fetch_add(1, Ordering::Relaxed);
+                if let Some(why) = why {
+                    guest_warn!(
+                        shared.metrics.guest_warnings,
+                        "vCPU {id}: #UD doorbell refused: {why}"
+                    );
+                }
+                regs.rflags |= RFLAGS_CF;
+            }
+        }
+        self.fd.sync_regs_mut().regs = regs;
+        self.fd.set_sync_dirty_reg(SyncReg::Register);
+        Ok(())
+    }
+
+    /// Emulates the instruction behind a doorbell. `Ok(None)`: handled (the
+    /// frame and registers updated); `Ok(Some(fault))`: the instruction
+    /// faults; `Err(reason)`: not handled, the guest's own #UD path runs
+    /// (`reason` is a message for a doorbell that was misused).
+    fn doorbell_reply(
+        &mut self,
+        shared: &Shared,
+        regs: &mut kvm_regs,
+        sregs: &kvm_sregs,
+    ) -> Result<Option<GuestFault>, Option<String>> {
+        if sregs.cs.dpl != 0 {
+            return Err(Some("doorbell rung from CPL3".into()));
+        }
+        let paging = Paging::from_regs(sregs.cr0, sregs.cr3, sregs.cr4, sregs.efer, MAXPHYADDR)
+            .map_err(|e| Some(e.to_string()))?;
+        let mut view = GuestView::new(&shared.mem, paging);
+        let mut frame = Frame::default();
+        view.read(regs.rsp, frame.as_mut_slice(), Access::SupervisorRead)
+            .and_then(|()| view.check(regs.rsp, FRAME_SIZE, Access::SupervisorWrite))
+            .map_err(|e| Some(format!("exception frame at {:#x}: {e}", regs.rsp)))?;
+        let user = frame.cs & 3 == 3;
+        let (bytes, len) = match lwp_insn::fetch(&view, frame.rip, user) {
+            Ok(b) => b,
+            Err(fault) => return Ok(Some(fault)),
+        };
+        let tsc = self.guest_tsc();
+        let mut ctx = Context {
+            regs,
+            rsp: frame.rsp,
+            rflags: frame.rflags,
+            rip: frame.rip,
+            user,
+            fs_base: sregs.fs.base,
+            gs_base: sregs.gs.base,
+        };
+        match lwp_insn::emulate(&mut view, self.unit.as_mut(), &mut ctx, &bytes[..len], tsc) {
+            Outcome::Done { next_rip, mnemonic } => {
+                count_mnemonic(&shared.metrics, mnemonic);
+                frame.rip = next_rip;
+                frame.rsp = ctx.rsp;
+                frame.rflags = ctx.rflags;
+                view.write(ctx.regs.rsp, frame.as_slice(), Access::SupervisorWrite)
+                    .map_err(|e| Some(format!("exception frame write-back: {e}")))?;
+                Ok(None)
+            }
+            Outcome::NotLwp(_) => Err(None),
+            Outcome::Fault(fault) => Ok(Some(fault)),
+        }
+    }
+
+    /// Delivers `fault` as if the interrupted instruction had raised it: pops
+    /// the #UD frame (an IRETQ done by the VMM) and injects the exception.
+    fn inject_after_unwind(
+        &mut self,
+        shared: &Shared,
+        mut regs: kvm_regs,
+        mut sregs: kvm_sregs,
+        fault: GuestFault,
+    ) -> Result<(), VcpuError> {
+        let id = self.id;
+        let unwound = (|| {
+            let paging =
+                Paging::from_regs(sregs.cr0, sregs.cr3, sregs.cr4, sregs.efer, MAXPHYADDR).ok()?;
+            let view = GuestView::new(&shared.mem, paging);
+            let mut frame = Frame::default();
+            view.read(regs.rsp, frame.as_mut_slice(), Access::SupervisorRead)
+                .ok()?;
+            let cs = load_segment(&view, &sregs, frame.cs)?;
+            let ss = load_segment(&view, &sregs, frame.ss)?;
+            Some((frame, cs, ss))
+        })();
+        let Some((frame, cs, ss)) = unwound else {
+            guest_warn!(
+                shared.metrics.guest_warnings,
+                "vCPU {id}: cannot unwind the #UD frame to deliver {fault}"
+            );
+            regs.rflags |= RFLAGS_CF;
+            self.fd.sync_regs_mut().regs = regs;
+            self.fd.set_sync_dirty_reg(SyncReg::Register);
+            return Ok(());
+        };
+        regs.rip = frame.rip;
+        regs.rsp = frame.rsp;
+        regs.rflags = frame.rflags;
+        sregs.cs = cs;
+        sregs.ss = ss;
+        self.inject(regs, sregs, fault)
+    }
+
+    /// Sets the registers and injects `fault`.
+    fn inject(
+        &mut self,
+        regs: kvm_regs,
+        mut sregs: kvm_sregs,
+        fault: GuestFault,
+    ) -> Result<(), VcpuError> {
+        let id = self.id;
+        let ioctl = |what, source| VcpuError::Ioctl {
+            vcpu: id,
+            what,
+            source,
+        };
+        if let GuestFault::PageFault { address, .. } = fault {
+            sregs.cr2 = address;
+        }
+        self.fd
+            .set_regs(&regs)
+            .map_err(|e| ioctl("KVM_SET_REGS", e))?;
+        self.fd
+            .set_sregs(&sregs)
+            .map_err(|e| ioctl("KVM_SET_SREGS", e))?;
+        let mut events = self
+            .fd
+            .get_vcpu_events()
+            .map_err(|e| ioctl("KVM_GET_VCPU_EVENTS", e))?;
+        events.exception.injected = 1;
+        events.exception.nr = fault.vector();
+        events.exception.has_error_code = u8::from(fault.error_code().is_some());
+        events.exception.error_code = fault.error_code().unwrap_or(0);
+        self.fd
+            .set_vcpu_events(&events)
+            .map_err(|e| ioctl("KVM_SET_VCPU_EVENTS", e))
+    }
+
+    /// KVM's emulator (CPL0 on kvm_pvm) could not run an instruction. LWP
+    /// instructions are emulated here; anything else ends the VM.
+    fn emulation_failure(&mut self, shared: &Shared) -> Result<(), VcpuError> {
+        let id = self.id;
+        let run = self.fd.get_kvm_run();
+        // SAFETY: this is a KVM_EXIT_INTERNAL_ERROR exit, for which KVM fills
+        // the `internal` member of the exit union; `emulation_failure` is the
+        // same storage viewed with the layout KVM uses when suberror is
+        // EMULATION and ndata covers it. Both are plain integers.
+        let (suberror, flags, size, raw) = unsafe {
+            let ef = run.__bindgen_anon_1.emulation_failure;
+            let insn = ef.__bindgen_anon_1.__bindgen_anon_1;
+            (ef.suberror, ef.flags, insn.insn_size, insn.insn_bytes)
+        };
+        let sync = self.fd.sync_regs();
+        let (mut regs, sregs) = (sync.regs, sync.sregs);
+        let has_bytes = suberror == KVM_INTERNAL_ERROR_EMULATION
+            && flags & KVM_INTERNAL_ERROR_EMULATION_FLAG_INSTRUCTION_BYTES != 0;
+        let len = usize::from(size).min(MAX_INSN_LEN);
+        if has_bytes && len > 0 {
+            let paging = Paging::from_regs(sregs.cr0, sregs.cr3, sregs.cr4, sregs.efer, MAXPHYADDR);
+            if let Ok(paging) = paging {
+                let mut view = GuestView::new(&shared.mem, paging);
+                let tsc = self.guest_tsc();
+                let rsp = regs.rsp;
+                let mut ctx = Context {
+                    regs: &mut regs,
+                    rsp,
+                    rflags: sync.regs.rflags,
+                    rip: sync.regs.rip,
+                    user: sregs.cs.dpl == 3,
+                    fs_base: sregs.fs.base,
+                    gs_base: sregs.gs.base,
+                };
+                match lwp_insn::emulate(&mut view, self.unit.as_mut(), &mut ctx, &raw[..len], tsc) {
+                    Outcome::Done { next_rip, mnemonic } => {
+                        shared.metrics.cpl0_lwp.fetch_add(1, Ordering::Relaxed);
+                        count_mnemonic(&shared.metrics, mnemonic);
+                        let (rsp, rflags) = (ctx.rsp, ctx.rflags);
+                        regs.rsp = rsp;
+                        regs.rflags = rflags;
+                        regs.rip = next_rip;
+                        self.fd.sync_regs_mut().regs = regs;
+                        self.fd.set_sync_dirty_reg(SyncReg::Register);
+                        return Ok(());
+                    }
+                    Outcome::Fault(fault) => {
+                        shared.metrics.cpl0_lwp.fetch_add(1, Ordering::Relaxed);
+                        return self.inject(regs, sregs, fault);
+                    }
+                    Outcome::NotLwp(lwp_insn::NotLwp::LwpDisabled) => {
+                        return self.inject(regs, sregs, GuestFault::InvalidOpcode);
+                    }
+                    Outcome::NotLwp(lwp_insn::NotLwp::OtherInstruction) => {}
+                }
+            }
+        }
+        let bytes = if has_bytes {
+            format!(
+                ", emulation failed on instruction bytes {}",
+                raw[..len]
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            )
+        } else {
+            String::new()
+        };
+        Err(VcpuError::Unhandled {
+            vcpu: id,
+            exit: format!("KVM_EXIT_INTERNAL_ERROR (suberror {suberror})"),
+            rip: sync.regs.rip,
+            bytes,
+        })
+    }
+
+    fn deliver_interrupt(&mut self, shared: &Shared) {
+        let id = self.id;
+        let Some(irq) = self.unit.as_mut().and_then(LwpUnit::take_interrupt) else {
+            return;
+        };
+        match irq {
+            ThresholdInterrupt::Deliver(vector) => {
+                let msi = kvm_msi {
+                    address_lo: 0xfee0_0000 | (u32::from(id) << 12),
+                    data: u32::from(vector),
+                    ..Default::default()
+                };
+                match shared.vm.signal_msi(msi) {
+                    Ok(_) => {
+                        shared
+                            .metrics
+                            .lwp_interrupts
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => guest_warn!(
+                        shared.metrics.guest_warnings,
+                        "vCPU {id}: LWP threshold interrupt {vector:#x} not delivered: {e}"
+                    ),
+                }
+            }
+            ThresholdInterrupt::Suppressed(vector) => guest_warn!(
+                shared.metrics.lwp_interrupts_suppressed,
+                "vCPU {id}: LWP threshold interrupt on exception vector {vector:#x} suppressed"
+            ),
+        }
+    }
+}
+
+fn count_mnemonic(metrics: &Metrics, m: LwpMnemonic) {
+    let c = match m {
+        LwpMnemonic::Llwpcb => &metrics.llwpcb,
+        LwpMnemonic::Slwpcb => &metrics.slwpcb,
+        LwpMnemonic::Lwpins => &metrics.lwpins,
+        LwpMnemonic::Lwpval => &metrics.lwpval,
+    };
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// RDMSR of an LWP MSR; `None` raises #GP.
+pub fn msr_read(unit: Option<&LwpUnit>, index: u32) -> Option<u64> {
+    let unit = unit?;
+    match index {
+        MSR_LWP_CFG => Some(unit.cfg().raw()),
+        MSR_LWP_CBADDR => Some(unit.cbaddr()),
+        _ => None,
+    }
+}
+
+/// WRMSR of an LWP MSR; false raises #GP.
+pub fn msr_write(unit: Option<&mut LwpUnit>, index: u32, value: u64) -> bool {
+    let Some(unit) = unit else { return false };
+    match index {
+        MSR_LWP_CFG => unit.write_cfg(value).is_ok(),
+        MSR_LWP_CBADDR => unit.write_cbaddr(value).is_ok(),
+        _ => false,
+    }
+}
+
+const FRAME_SIZE: u64 = 40;
+
+/// A 64-bit exception frame without an error code.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct Frame {
+    rip: u64,
+    cs: u64,
+    rflags: u64,
+    rsp: u64,
+    ss: u64,
+}
+
+// SAFETY: Frame is repr(C) and made only of u64 fields, so it has no padding
+// and every byte pattern is a valid value.
+unsafe impl ByteValued for Frame {}
+
+/// The segment register a selector loads, read from the guest's GDT.
+fn load_segment(view: &GuestView<'_>, sregs: &kvm_sregs, selector: u64) -> Option<kvm_segment> {
+    let selector = u16::try_from(selector).ok()?;
+    let index = u64::from(selector & !7);
+    if selector & 4 != 0 || index + 7 > u64::from(sregs.gdt.limit) {
+        return None;
+    }
+    let mut d = [0u8; 8];
+    view.read(
+        sregs.gdt.base.checked_add(index)?,
+        &mut d,
+        Access::SupervisorRead,
+    )
+    .ok()?;
+    let d = u64::from_le_bytes(d);
+    let bit = |n: u32| ((d >> n) & 1) as u8;
+    let limit = ((d & 0xffff) | ((d >> 32) & 0xf_0000)) as u32;
+    let g = bit(55);
+    Some(kvm_segment {
+        base: ((d >> 16) & 0xff_ffff) | ((d >> 32) & 0xff00_0000),
+        limit: if g == 1 { (limit << 12) | 0xfff } else { limit },
+        selector,
+        type_: ((d >> 40) & 0xf) as u8,
+        present: bit(47),
+        dpl: ((d >> 45) & 3) as u8,
+        db: bit(54),
+        s: bit(44),
+        l: bit(53),
+        g,
+        avl: bit(52),
+        unusable: u8::from(bit(47) == 0),
+        padding: 0,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lwp::cpuid::LwpProfile;
+
+    #[test]
+    fn msr_table() {
+        let mut unit = LwpUnit::new(LwpProfile::Bulldozer.caps().unwrap());
+        // (index, value written, write accepted, value read back)
+        let table = [
+            (
+                MSR_LWP_CFG,
+                0x0000_4000_8000_000E,
+                true,
+                Some(0x0000_4000_8000_000E),
+            ),
+            (MSR_LWP_CFG, 1 << 5, false, Some(0x0000_4000_8000_000E)),
+            (MSR_LWP_CFG, 1 << 7, false, Some(0x0000_4000_8000_000E)),
+            (MSR_LWP_CBADDR, 0, true, Some(0)),
+            (MSR_LWP_CBADDR, 0x1000, false, Some(0)),
+            (0xC000_0107, 0, false, None),
+        ];
+        for (index, value, ok, read) in table {
+            assert_eq!(
+                msr_write(Some(&mut unit), index, value),
+                ok,
+                "{index:#x} <- {value:#x}"
+            );
+            assert_eq!(msr_read(Some(&unit), index), read, "{index:#x}");
+        }
+        assert_eq!(msr_read(None, MSR_LWP_CFG), None, "no LWP: #GP");
+        assert!(!msr_write(None, MSR_LWP_CFG, 0), "no LWP: #GP");
+    }
+}
