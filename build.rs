@@ -10,7 +10,16 @@ use std::process::Command;
 
 /// The guests: the demo, a minimal one for start-up benchmarks, and the
 /// integration-test guests.
-const GUESTS: &[&str] = &["demo", "minimal"];
+const GUESTS: &[&str] = &[
+    "demo",
+    "minimal",
+    "cpuid",
+    "msr",
+    "insn",
+    "bad_lwpcb",
+    "threshold",
+    "unhandled",
+];
 
 const CFLAGS: &[&str] = &[
     "-m64",

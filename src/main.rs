@@ -12,8 +12,9 @@ const ERROR_STATUS: u8 = 2;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let stdout = std::io::stdout();
-    match run(cli, &mut stdout.lock()) {
+    // Not locked for the whole run: the guest's serial console writes to
+    // stdout from the vCPU threads meanwhile.
+    match run(cli, &mut std::io::stdout()) {
         Ok(status) => ExitCode::from(status),
         Err(e) => {
             eprintln!("lwpvmm: {e}");

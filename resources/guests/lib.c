@@ -105,3 +105,27 @@ int done(void)
     puts(" failed\n");
     return failed ? 1 : 0;
 }
+
+u64 cmdline_number(const char *key, u64 fallback)
+{
+    if (!start_info_ptr)
+        return fallback;
+    /* hvm_start_info: cmdline_paddr at offset 24 */
+    const char *c = (const char *)*(const u64 *)(start_info_ptr + 24);
+    if (!c)
+        return fallback;
+    for (; *c; c++) {
+        const char *k = key, *p = c;
+        while (*k && *p == *k) {
+            k++;
+            p++;
+        }
+        if (*k || *p != '=')
+            continue;
+        u64 v = 0;
+        for (p++; *p >= '0' && *p <= '9'; p++)
+            v = v * 10 + (u64)(*p - '0');
+        return v;
+    }
+    return fallback;
+}

@@ -14,6 +14,10 @@ extern volatile u64 fault_resume, fault_count, fault_vector, fault_error, fault_
 extern volatile u64 irq_counts[16];
 extern struct cpuid_entry cpuid_table[];
 extern u64 window_pt[512];
+extern u64 start_info_ptr;
+
+/* The value of `key=` on the PVH command line, or `fallback`. */
+u64 cmdline_number(const char *key, u64 fallback);
 
 void putc(char c);
 void puts(const char *s);

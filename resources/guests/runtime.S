@@ -35,6 +35,7 @@
         .globl _start32
 _start32:
         cli
+        mov     %ebx, start_info_ptr    /* PVH: EBX = hvm_start_info */
         lgdt    gdt_desc
         mov     %cr4, %eax
         or      $0x620, %eax            /* PAE | OSFXSR | OSXMMEXCPT */
@@ -278,8 +279,9 @@ idt_desc:
         .quad idt
 
         .globl fault_resume, fault_count, fault_vector, fault_error, fault_cr2, fault_rip
-        .globl irq_counts, cpuid_table, window_pt
+        .globl irq_counts, cpuid_table, window_pt, start_info_ptr
         .p2align 3
+start_info_ptr: .quad 0
 fault_resume:   .quad 0
 fault_count:    .quad 0
 fault_vector:   .quad 0

@@ -114,19 +114,37 @@ pub struct Vcpu {
     fd: VcpuFd,
     id: u8,
     unit: Option<LwpUnit>,
+    instructions: bool,
     tsc_offset: i64,
 }
 
 impl Vcpu {
-    /// A vCPU with its LWP unit (`None` when the VM has no LWP or the guest
-    /// cannot run LWP instructions). `tsc_offset` turns the host TSC into the
-    /// guest's.
-    pub fn new(fd: VcpuFd, id: u8, unit: Option<LwpUnit>, tsc_offset: i64) -> Self {
+    /// A vCPU with its LWP unit (`None` when the VM has no LWP).
+    /// `instructions` is false for a stock guest: its LWP instructions #UD
+    /// (CPUID tells it LwpAvail = 0) while the MSRs still work.
+    /// `tsc_offset` turns the host TSC into the guest's.
+    pub fn new(
+        fd: VcpuFd,
+        id: u8,
+        unit: Option<LwpUnit>,
+        instructions: bool,
+        tsc_offset: i64,
+    ) -> Self {
         Vcpu {
             fd,
             id,
             unit,
+            instructions,
             tsc_offset,
+        }
+    }
+
+    /// The unit the LWP instructions reach: none for a stock guest.
+    fn insn_unit(&mut self) -> Option<&mut LwpUnit> {
+        if self.instructions {
+            self.unit.as_mut()
+        } else {
+            None
         }
     }
 
@@ -315,7 +333,7 @@ impl Vcpu {
             fs_base: sregs.fs.base,
             gs_base: sregs.gs.base,
         };
-        match lwp_insn::emulate(&mut view, self.unit.as_mut(), &mut ctx, &bytes[..len], tsc) {
+        match lwp_insn::emulate(&mut view, self.insn_unit(), &mut ctx, &bytes[..len], tsc) {
             Outcome::Done { next_rip, mnemonic } => {
                 count_mnemonic(&shared.metrics, mnemonic);
                 frame.rip = next_rip;
@@ -438,7 +456,7 @@ impl Vcpu {
                     fs_base: sregs.fs.base,
                     gs_base: sregs.gs.base,
                 };
-                match lwp_insn::emulate(&mut view, self.unit.as_mut(), &mut ctx, &raw[..len], tsc) {
+                match lwp_insn::emulate(&mut view, self.insn_unit(), &mut ctx, &raw[..len], tsc) {
                     Outcome::Done { next_rip, mnemonic } => {
                         shared.metrics.cpl0_lwp.fetch_add(1, Ordering::Relaxed);
                         count_mnemonic(&shared.metrics, mnemonic);

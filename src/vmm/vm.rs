@@ -172,12 +172,10 @@ pub fn run(config: &VmConfig) -> Result<RunOutcome, VmError> {
             fd.set_sregs(&sregs).map_err(setup("KVM_SET_SREGS"))?;
             fd.set_regs(&regs).map_err(setup("KVM_SET_REGS"))?;
         }
-        let unit = match (config.profile.caps(), config.guest) {
-            (Some(caps), GuestLwpSupport::Shim) => Some(LwpUnit::new(caps)),
-            _ => None,
-        };
+        let unit = config.profile.caps().map(LwpUnit::new);
         let tsc_offset = tsc_offset(&fd)?;
-        vcpus.push(Vcpu::new(fd, id, unit, tsc_offset));
+        let instructions = config.guest == GuestLwpSupport::Shim;
+        vcpus.push(Vcpu::new(fd, id, unit, instructions, tsc_offset));
     }
     run_vcpus(vm, mem, bus, vcpus)
 }

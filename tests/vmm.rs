@@ -1,0 +1,256 @@
+//! lwpvmm on real KVM with its own small guests (resources/guests): CPUID,
+//! the LWP MSRs, each LWP instruction through the #UD shim, bad LWPCBs, the
+//! threshold interrupt, exit statuses and unhandled exits.
+//!
+//! Every machine of this project has /dev/kvm; these tests fail, loudly,
+//! where it is missing.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+
+use lwpvmm::lwp::cpuid::{GuestLwpSupport, LwpProfile};
+use lwpvmm::vmm::devices::SerialOut;
+use lwpvmm::vmm::vm::{self, RunOutcome, VmConfig};
+
+fn require_kvm() {
+    assert!(
+        std::path::Path::new("/dev/kvm").exists(),
+        "this test boots a VM and needs /dev/kvm, which is missing on this machine"
+    );
+}
+
+fn boot(
+    name: &str,
+    profile: LwpProfile,
+    guest: GuestLwpSupport,
+    cmdline: &str,
+) -> (RunOutcome, String) {
+    require_kvm();
+    let console = Arc::new(Mutex::new(Vec::new()));
+    let config = VmConfig {
+        kernel: lwpvmm::guests::get(name).expect("embedded guest").to_vec(),
+        initramfs: None,
+        cmdline: cmdline.into(),
+        memory_mib: 64,
+        vcpus: 1,
+        profile,
+        guest,
+        serial: SerialOut::Capture(Arc::clone(&console)),
+    };
+    let outcome = vm::run(&config).unwrap_or_else(|e| panic!("guest {name}: {e}"));
+    let text = String::from_utf8_lossy(&console.lock().unwrap()).into_owned();
+    (outcome, text)
+}
+
+/// Boots a self-checking guest and asserts that it passed every check.
+fn passes(name: &str, profile: LwpProfile) -> RunOutcome {
+    let (outcome, text) = boot(name, profile, GuestLwpSupport::Shim, "");
+    assert!(
+        text.contains(" passed, 0 failed") && outcome.exit_value == 0,
+        "guest {name} ({profile}) failed, exit value {:#x}:\n{text}",
+        outcome.exit_value
+    );
+    assert!(!text.contains("not ok"), "{text}");
+    outcome
+}
+
+fn metric(outcome: &RunOutcome, name: &str) -> u64 {
+    outcome.metrics[name]
+        .as_u64()
+        .unwrap_or_else(|| panic!("metric {name}"))
+}
+
+#[test]
+fn guest_reads_the_profile_cpuid() {
+    let table = [
+        (LwpProfile::Emulated, GuestLwpSupport::Shim),
+        (LwpProfile::Precise, GuestLwpSupport::Shim),
+        (LwpProfile::Bulldozer, GuestLwpSupport::Shim),
+        (LwpProfile::Bulldozer, GuestLwpSupport::Stock),
+        (LwpProfile::Off, GuestLwpSupport::Shim),
+    ];
+    for (profile, guest) in table {
+        let (outcome, text) = boot("cpuid", profile, guest, "");
+        assert_eq!(outcome.exit_value, 0, "{text}");
+        let seen: Vec<[u64; 5]> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("cpuid "))
+            .map(|l| {
+                let v: Vec<u64> = l
+                    .split(' ')
+                    .map(|x| u64::from_str_radix(x.trim_start_matches("0x"), 16).unwrap())
+                    .collect();
+                [v[0], v[1], v[2], v[3], v[4]]
+            })
+            .collect();
+        let want = vm::cpuid_table(profile, guest).unwrap();
+        let find = |leaf: u64| {
+            let w = want.iter().find(|e| u64::from(e.leaf) == leaf);
+            w.map(|e| {
+                [
+                    u64::from(e.eax),
+                    u64::from(e.ebx),
+                    u64::from(e.ecx),
+                    u64::from(e.edx),
+                ]
+            })
+            .unwrap_or([0; 4])
+        };
+        for s in &seen {
+            let w = find(s[0]);
+            match s[0] {
+                0x8000_0001 => assert_eq!(s[3] & 1 << 15, w[2] & 1 << 15, "{profile}: LWP flag"),
+                0x8000_0000 => assert_eq!(s[1], w[0], "{profile}: max extended leaf"),
+                _ => assert_eq!(&s[1..], &w[..], "{profile} {guest:?}: leaf {:#x}", s[0]),
+            }
+        }
+        assert_eq!(seen.len(), 5, "{text}");
+    }
+}
+
+#[test]
+fn lwp_msrs_follow_the_model() {
+    let outcome = passes("msr", LwpProfile::Emulated);
+    assert_eq!(metric(&outcome, "msr_gp"), 3, "three refused WRMSRs");
+    passes("msr", LwpProfile::Off);
+}
+
+#[test]
+fn each_lwp_instruction_through_the_shim() {
+    let outcome = passes("insn", LwpProfile::Emulated);
+    assert!(metric(&outcome, "ud_handled") > 40);
+    assert_eq!(metric(&outcome, "ud_faults"), 0);
+    let lwp = outcome.lwp[0];
+    assert_eq!(lwp.records_missed, 4);
+    // CPL0 LWP instructions: emulated after KVM's emulator gives up (kvm_pvm),
+    // or through the shim (hosts that run CPL0 natively).
+    assert!(metric(&outcome, "cpl0_lwp") == 3 || metric(&outcome, "ud_handled") >= 53);
+}
+
+#[test]
+fn lwp_instructions_are_ud_without_the_profile_or_the_shim() {
+    // The guest's #UD handler reports an unexpected #UD with exit value
+    // 0x80 | 6: the VMM answered "not LWP" and the guest's own path ran.
+    for (profile, guest) in [
+        (LwpProfile::Off, GuestLwpSupport::Shim),
+        (LwpProfile::Emulated, GuestLwpSupport::Stock),
+    ] {
+        let (outcome, text) = boot("insn", profile, guest, "");
+        assert_eq!(outcome.exit_value, 0x86, "{profile} {guest:?}:\n{text}");
+        assert_eq!(metric(&outcome, "ud_handled"), 0);
+    }
+}
+
+#[test]
+fn bad_lwpcbs_get_the_documented_faults() {
+    let outcome = passes("bad_lwpcb", LwpProfile::Emulated);
+    assert_eq!(metric(&outcome, "ud_faults"), 8, "eight faulting LLWPCBs");
+}
+
+#[test]
+fn threshold_interrupt_once_per_crossing() {
+    let outcome = passes("threshold", LwpProfile::Emulated);
+    assert_eq!(metric(&outcome, "lwp_interrupts"), 2);
+    assert_eq!(outcome.lwp[0].interrupts_due, 2);
+}
+
+fn guest_file(name: &str) -> PathBuf {
+    let path = std::env::temp_dir().join(format!("lwpvmm-test-{}-{name}.elf", std::process::id()));
+    std::fs::write(&path, lwpvmm::guests::get(name).unwrap()).unwrap();
+    path
+}
+
+fn lwpvmm(args: &[&str]) -> std::process::Output {
+    require_kvm();
+    Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
+        .args(args)
+        .output()
+        .expect("run lwpvmm")
+}
+
+#[test]
+fn exit_port_status_is_qemu_compatible() {
+    let elf = guest_file("minimal");
+    let kernel = elf.to_str().unwrap();
+    // (command line, exit status: (value << 1) | 1)
+    for (cmdline, status) in [("", 1), ("exit=21", 43), ("exit=127", 255)] {
+        let out = lwpvmm(&[
+            "run",
+            "--kernel",
+            kernel,
+            "--memory",
+            "32",
+            "--cmdline",
+            cmdline,
+        ]);
+        assert_eq!(out.status.code(), Some(status), "{cmdline}: {out:?}");
+        assert!(String::from_utf8_lossy(&out.stdout).contains("minimal guest: hello"));
+    }
+    std::fs::remove_file(elf).unwrap();
+}
+
+#[test]
+fn unhandled_exit_names_exit_vcpu_and_rip() {
+    let elf = guest_file("unhandled");
+    let out = lwpvmm(&["run", "--kernel", elf.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    for want in ["vCPU 0", "unhandled exit MmioWrite", "RIP 0x"] {
+        assert!(err.contains(want), "missing `{want}` in: {err}");
+    }
+    std::fs::remove_file(elf).unwrap();
+}
+
+#[test]
+fn errors_say_what_to_fix() {
+    // (arguments, text the error must contain)
+    let missing = std::env::temp_dir().join("lwpvmm-test-no-such-kernel");
+    let text_file = std::env::temp_dir().join(format!("lwpvmm-test-{}-text", std::process::id()));
+    std::fs::write(&text_file, "not a kernel").unwrap();
+    let minimal = guest_file("minimal");
+    let table: [(Vec<&str>, &str); 4] = [
+        (
+            vec!["run", "--kernel", missing.to_str().unwrap()],
+            "cannot read kernel",
+        ),
+        (
+            vec!["run", "--kernel", text_file.to_str().unwrap()],
+            "neither an x86-64 ELF nor a Linux bzImage",
+        ),
+        (
+            vec![
+                "run",
+                "--kernel",
+                minimal.to_str().unwrap(),
+                "--memory",
+                "4",
+            ],
+            "--memory",
+        ),
+        (
+            vec!["run", "--kernel", minimal.to_str().unwrap(), "--vcpus", "0"],
+            "--vcpus",
+        ),
+    ];
+    for (args, want) in table {
+        let out = lwpvmm(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{args:?}: `{want}` not in: {err}");
+    }
+    std::fs::remove_file(text_file).unwrap();
+    std::fs::remove_file(minimal).unwrap();
+}
+
+#[test]
+fn demo_succeeds() {
+    let out = lwpvmm(&["demo"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(text.contains("result: success"), "{text}");
+    assert!(
+        text.contains("14 records: 10 LWPVAL samples, 4 LWPINS marks"),
+        "{text}"
+    );
+}
