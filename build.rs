@@ -19,6 +19,7 @@ const GUESTS: &[&str] = &[
     "bad_lwpcb",
     "threshold",
     "unhandled",
+    "roundtrip",
 ];
 
 const CFLAGS: &[&str] = &[

@@ -254,8 +254,11 @@ tss:
         .word 0
         .word iomap - tss               /* I/O map base */
 iomap:
-        /* Ports 0x000-0x3ff: allow 0xf4 and 0x3f8-0x3ff, deny the rest. */
-        .fill 30, 1, 0xff
+        /* Ports 0x000-0x3ff: allow 0x80, 0xf4 and 0x3f8-0x3ff, deny the
+         * rest. */
+        .fill 16, 1, 0xff
+        .byte 0xfe                      /* 0x80-0x87: allow 0x80 */
+        .fill 13, 1, 0xff
         .byte 0xef                      /* 0xf0-0xf7: allow 0xf4 */
         .fill 96, 1, 0xff
         .byte 0x00                      /* 0x3f8-0x3ff */

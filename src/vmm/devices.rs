@@ -17,6 +17,9 @@ use super::cpuid::{EXIT_PORT, PV_UD_PORT};
 pub const SERIAL_BASE: u16 = 0x3f8;
 /// The serial port's GSI.
 pub const SERIAL_IRQ: u32 = 4;
+/// The POST diagnostic port: writes are accepted and dropped (guests use it
+/// as a cheap exit, e.g. for I/O delays).
+pub const POST_PORT: u16 = 0x80;
 
 /// Where the guest's serial output goes.
 #[derive(Debug, Clone)]
@@ -103,6 +106,7 @@ impl PortBus {
                 PortAction::Handled
             }
             EXIT_PORT => PortAction::Exit(value),
+            POST_PORT => PortAction::Handled,
             PV_UD_PORT => PortAction::UdDoorbell,
             _ => PortAction::Unclaimed,
         }
@@ -157,7 +161,8 @@ mod tests {
         let table = [
             (0xf4, 3, PortAction::Exit(3)),
             (0x5c, 0, PortAction::UdDoorbell),
-            (0x80, 0, PortAction::Unclaimed),
+            (0x80, 0, PortAction::Handled),
+            (0x81, 0, PortAction::Unclaimed),
         ];
         for (port, value, want) in table {
             assert_eq!(bus.write(port, &[value]), want, "{port:#x}");

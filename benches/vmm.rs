@@ -1,0 +1,160 @@
+//! VMM benchmarks on real KVM, reported as ratios measured in one run:
+//! - the paravirtual LWPINS round trip from CPL3 against a CPL3 port-I/O
+//!   exit and against a CPL3 UD2 taken through the same #UD doorbell;
+//! - an LWP_CFG RDMSR exit against a CPL0 port-I/O exit;
+//! - process start to exit of the minimal guest under lwpvmm and, when
+//!   `qemu-system-x86_64` is installed, under QEMU: wall time and peak RSS.
+//!
+//! `cargo bench --bench vmm` (not run by CI). Cycle counts come from the
+//! guest's RDTSC, so the ratios do not depend on the TSC frequency.
+
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use lwpvmm::lwp::cpuid::{GuestLwpSupport, LwpProfile};
+use lwpvmm::vmm::devices::SerialOut;
+use lwpvmm::vmm::vm::{self, VmConfig};
+
+const ROUND_TRIP_ITERATIONS: u64 = 5000;
+const STARTS: usize = 20;
+
+fn round_trips() {
+    let console = Arc::new(Mutex::new(Vec::new()));
+    let config = VmConfig {
+        kernel: lwpvmm::guests::get("roundtrip").expect("guest").to_vec(),
+        initramfs: None,
+        cmdline: format!("iterations={ROUND_TRIP_ITERATIONS}"),
+        memory_mib: 64,
+        vcpus: 1,
+        profile: LwpProfile::Emulated,
+        guest: GuestLwpSupport::Shim,
+        serial: SerialOut::Capture(Arc::clone(&console)),
+    };
+    let outcome = vm::run(&config).expect("round-trip guest");
+    assert_eq!(outcome.exit_value, 0);
+    let text = String::from_utf8_lossy(&console.lock().unwrap()).into_owned();
+    let per_iter = |name: &str| -> f64 {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("bench {name} ")))
+            .unwrap_or_else(|| panic!("no `{name}` result in:\n{text}"));
+        let v: Vec<f64> = line
+            .split(' ')
+            .skip(2)
+            .map(|x| x.parse().unwrap())
+            .collect();
+        v[1] / v[0]
+    };
+    let [lwpins, out, ud2, rdmsr, cpl0_out] =
+        ["lwpins", "out", "ud2", "rdmsr", "cpl0_out"].map(per_iter);
+    println!("round trips (guest TSC cycles per iteration, {ROUND_TRIP_ITERATIONS} iterations):");
+    println!("  CPL3 lwpins via #UD doorbell      {lwpins:>10.0}");
+    println!("  CPL3 out (port 0x80)              {out:>10.0}");
+    println!("  CPL3 ud2 via #UD doorbell         {ud2:>10.0}");
+    println!("  CPL0 rdmsr LWP_CFG                {rdmsr:>10.0}");
+    println!("  CPL0 out (port 0x80)              {cpl0_out:>10.0}");
+    println!("ratios:");
+    println!("  lwpins / CPL3 out   = {:.2}  (goal <= 1.5)", lwpins / out);
+    println!("  lwpins / ud2        = {:.2}  (goal <= 1.1)", lwpins / ud2);
+    println!(
+        "  rdmsr / CPL0 out    = {:.2}  (goal <= 1.2)",
+        rdmsr / cpl0_out
+    );
+}
+
+/// Wall time (s) and peak RSS (KiB) of one child process.
+fn measure(cmd: &mut Command) -> (f64, i64) {
+    let start = Instant::now();
+    let child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let mut status = 0;
+    // SAFETY: rusage is plain old data; wait4 fills it for the child we own.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waits for our own child by pid with valid out-pointers.
+    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    assert!(pid > 0, "wait4 failed");
+    let exit = libc::WEXITSTATUS(status);
+    assert_eq!(exit, 1, "the minimal guest exits with value 0, status 1");
+    (start.elapsed().as_secs_f64(), usage.ru_maxrss)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn starts() {
+    let elf = std::env::temp_dir().join(format!("lwpvmm-bench-{}-minimal.elf", std::process::id()));
+    std::fs::write(&elf, lwpvmm::guests::get("minimal").expect("guest")).unwrap();
+    let kernel = elf.to_str().unwrap();
+    let lwpvmm_run = || {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_lwpvmm"));
+        c.args(["run", "--kernel", kernel, "--memory", "64"]);
+        c
+    };
+    let qemu_run = || {
+        let mut c = Command::new("qemu-system-x86_64");
+        c.args([
+            "-M",
+            "microvm,x-option-roms=off,rtc=off",
+            "-enable-kvm",
+            "-cpu",
+            "host,arch-capabilities=off",
+            "-m",
+            "64",
+            "-nodefaults",
+            "-no-user-config",
+            "-serial",
+            "stdio",
+            "-display",
+            "none",
+            "-device",
+            "isa-debug-exit,iobase=0xf4,iosize=0x04",
+            "-kernel",
+            kernel,
+        ]);
+        c
+    };
+    let run = |make: &dyn Fn() -> Command| {
+        let samples: Vec<(f64, i64)> = (0..STARTS).map(|_| measure(&mut make())).collect();
+        let wall = median(samples.iter().map(|s| s.0).collect());
+        let rss = samples.iter().map(|s| s.1).max().unwrap_or(0);
+        (wall, rss)
+    };
+    let (lw, lr) = run(&lwpvmm_run);
+    println!("process start to exit of the minimal guest ({STARTS} runs, median wall, peak RSS):");
+    println!("  lwpvmm  {:>8.1} ms {:>8} KiB", lw * 1e3, lr);
+    let has_qemu = Command::new("qemu-system-x86_64")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if has_qemu {
+        let (qw, qr) = run(&qemu_run);
+        println!("  qemu    {:>8.1} ms {:>8} KiB", qw * 1e3, qr);
+        println!(
+            "ratios: wall lwpvmm/qemu = {:.2}, peak RSS lwpvmm/qemu = {:.2}",
+            lw / qw,
+            lr as f64 / qr as f64
+        );
+    } else {
+        println!("  qemu    not installed (apt-get install qemu-system-x86): no comparison");
+    }
+    let _ = std::fs::remove_file(elf);
+}
+
+fn main() {
+    if !std::path::Path::new("/dev/kvm").exists() {
+        eprintln!("the VMM benchmarks need /dev/kvm, which is missing");
+        std::process::exit(1);
+    }
+    // `cargo test --benches` runs bench targets once as tests: keep that cheap.
+    if std::env::args().any(|a| a == "--bench") {
+        round_trips();
+        starts();
+    }
+}
