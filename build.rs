@@ -20,6 +20,7 @@ const GUESTS: &[&str] = &[
     "threshold",
     "unhandled",
     "roundtrip",
+    "smp",
 ];
 
 const CFLAGS: &[&str] = &[

@@ -26,6 +26,16 @@ fn boot(
     guest: GuestLwpSupport,
     cmdline: &str,
 ) -> (RunOutcome, String) {
+    boot_with(name, profile, guest, cmdline, 1)
+}
+
+fn boot_with(
+    name: &str,
+    profile: LwpProfile,
+    guest: GuestLwpSupport,
+    cmdline: &str,
+    vcpus: u8,
+) -> (RunOutcome, String) {
     require_kvm();
     let console = Arc::new(Mutex::new(Vec::new()));
     let config = VmConfig {
@@ -33,7 +43,7 @@ fn boot(
         initramfs: None,
         cmdline: cmdline.into(),
         memory_mib: 64,
-        vcpus: 1,
+        vcpus,
         profile,
         guest,
         serial: SerialOut::Capture(Arc::clone(&console)),
@@ -153,6 +163,23 @@ fn threshold_interrupt_once_per_crossing() {
     let outcome = passes("threshold", LwpProfile::Emulated);
     assert_eq!(metric(&outcome, "lwp_interrupts"), 2);
     assert_eq!(outcome.lwp[0].interrupts_due, 2);
+}
+
+#[test]
+fn two_vcpus_never_mix_records() {
+    let (outcome, text) = boot_with("smp", LwpProfile::Emulated, GuestLwpSupport::Shim, "", 2);
+    assert!(
+        outcome.exit_value == 0 && text.contains("7 passed, 0 failed"),
+        "exit value {:#x}:\n{text}",
+        outcome.exit_value
+    );
+    assert_eq!(outcome.lwp.len(), 2);
+    for (id, unit) in outcome.lwp.iter().enumerate() {
+        assert_eq!(
+            unit.records_stored, 200,
+            "vCPU {id}'s own unit stored its records"
+        );
+    }
 }
 
 fn guest_file(name: &str) -> PathBuf {

@@ -17,6 +17,9 @@
 #define USER_DS   0x1b
 #define USER_CS   0x23
 #define TSS_SEL   0x28
+#define CODE32_SEL 0x38
+#define TSS_AP_SEL 0x40
+#define AP_TRAMPOLINE 0x8000
 
 #define PV_UD_PORT 0x5c
 #define EXIT_PORT  0xf4
@@ -63,25 +66,18 @@ start64:
         mov     %ax, %gs
         mov     $kernel_stack_top, %rsp
 
-        /* TSS descriptor base (bits 15:0, 23:16, 31:24, 63:32) */
         mov     $tss, %rax
-        mov     %ax, gdt_tss + 2
-        shr     $16, %rax
-        mov     %al, gdt_tss + 4
-        mov     %ah, gdt_tss + 7
-        shr     $16, %rax
-        mov     %eax, gdt_tss + 8
+        mov     $gdt_tss, %rdi
+        call    set_tss_base
+        mov     $tss_ap, %rax
+        mov     $gdt_tss_ap, %rdi
+        call    set_tss_base
         mov     $TSS_SEL, %ax
         ltr     %ax
         call    setup_idt
         lidt    idt_desc
-
-        /* Software-enable the local APIC (SVR = 0x1ff). */
-        mov     $LAPIC_BASE, %eax
-        movl    $0x1ff, 0xf0(%rax)
-
         call    read_cpuid
-        call    setup_lwp_cfg
+        call    cpu_init
         call    kernel_hook
 
         /* Into the CPL3 program, interrupts on. */
@@ -111,13 +107,16 @@ read_cpuid:
 
 /* As an OS that supports LWP would: when CPUID shows LWP, enable in
  * LWP_CFG every feature the processor supports, with the threshold
- * interrupt on vector 0x40. */
+ * interrupt on vector 0x40 and CoreId = the local APIC ID. */
 setup_lwp_cfg:
         testl   $0x8000, cpuid_table + 24 + 16  /* 0x80000001.ECX[15] */
         jz      1f
+        mov     $LAPIC_BASE, %eax
+        mov     0x20(%rax), %edx
+        shr     $24, %edx                       /* CoreId = APIC ID */
+        or      $0x4000, %edx                   /* vector 0x40 in 47:40 */
         mov     cpuid_table + 48 + 20, %eax     /* 0x8000001C.EDX */
         and     $0xe000007e, %eax
-        mov     $0x4000, %edx                   /* vector 0x40 in 47:40 */
         mov     $0xc0000105, %ecx
         wrmsr
 1:      ret
@@ -220,11 +219,114 @@ irq_\vec:
         IRQ \v
         .endr
 
+/* Writes base %rax into the 16-byte TSS descriptor at %rdi (bits 15:0,
+ * 23:16, 31:24, 63:32). */
+set_tss_base:
+        mov     %ax, 2(%rdi)
+        shr     $16, %rax
+        mov     %al, 4(%rdi)
+        mov     %ah, 7(%rdi)
+        shr     $16, %rax
+        mov     %eax, 8(%rdi)
+        ret
+
+/* Per-CPU setup: software-enable the local APIC (SVR = 0x1ff), LWP_CFG. */
+cpu_init:
+        mov     $LAPIC_BASE, %eax
+        movl    $0x1ff, 0xf0(%rax)
+        jmp     setup_lwp_cfg
+
+/* Starts the second CPU (APIC ID 1) with INIT and two SIPIs; it enters
+ * ap_start16 at 0x8000, runs ap_kernel_hook at CPL0, then ap_main at CPL3.
+ * Call from kernel_hook. */
+        .globl start_aps
+start_aps:
+        mov     $ap_start16, %rsi
+        mov     $AP_TRAMPOLINE, %edi
+        mov     $(ap_start16_end - ap_start16), %ecx
+        rep movsb
+        mov     $LAPIC_BASE, %eax
+        movl    $(1 << 24), 0x310(%rax)
+        movl    $0x4500, 0x300(%rax)            /* INIT */
+        movl    $(0x4600 | (AP_TRAMPOLINE >> 12)), 0x300(%rax)  /* SIPI */
+        movl    $(0x4600 | (AP_TRAMPOLINE >> 12)), 0x300(%rax)
+        ret
+
+        .code16
+ap_start16:
+        cli
+        xor     %ax, %ax
+        mov     %ax, %ds
+        lgdtl   AP_TRAMPOLINE + (ap_gdt_desc - ap_start16)
+        mov     %cr0, %eax
+        or      $1, %eax
+        mov     %eax, %cr0
+        ljmpl   $CODE32_SEL, $ap_start32
+        .p2align 2
+ap_gdt_desc:
+        .word gdt_end - gdt - 1
+        .long gdt
+ap_start16_end:
+
+        .code32
+ap_start32:
+        mov     $KERNEL_DS, %ax
+        mov     %ax, %ds
+        mov     %cr4, %eax
+        or      $0x620, %eax
+        mov     %eax, %cr4
+        mov     $pml4, %eax
+        mov     %eax, %cr3
+        mov     $0xc0000080, %ecx
+        rdmsr
+        or      $0x900, %eax
+        wrmsr
+        mov     %cr0, %eax
+        and     $0xfffffffb, %eax
+        or      $0x80010003, %eax
+        mov     %eax, %cr0
+        ljmp    $KERNEL_CS, $ap_start64
+
+        .code64
+ap_start64:
+        mov     $KERNEL_DS, %ax
+        mov     %ax, %ds
+        mov     %ax, %es
+        mov     %ax, %ss
+        xor     %eax, %eax
+        mov     %ax, %fs
+        mov     %ax, %gs
+        mov     $ap_kernel_stack_top, %rsp
+        mov     $TSS_AP_SEL, %ax
+        ltr     %ax
+        lidt    idt_desc
+        call    cpu_init
+        call    ap_kernel_hook
+        pushq   $USER_DS
+        pushq   $ap_user_stack_top
+        pushq   $0x202
+        pushq   $USER_CS
+        pushq   $ap_user_start
+        iretq
+
+        .weak ap_kernel_hook
+ap_kernel_hook:
+        ret
+
         .text
 user_start:
         call    main
         mov     %eax, %edi
         call    guest_exit
+
+ap_user_start:
+        call    ap_main
+1:      pause
+        jmp     1b
+
+        .weak ap_main
+ap_main:
+        ret
 
 /* ---- data ---- */
         .data
@@ -238,22 +340,26 @@ gdt:
 gdt_tss:
         .quad 0x0000890000000000 + (tss_end - tss - 1)
         .quad 0
+        .quad 0x00cf9b000000ffff        /* 0x38 kernel code 32 (AP start) */
+gdt_tss_ap:
+        .quad 0x0000890000000000 + (tss_end - tss - 1)
+        .quad 0
 gdt_end:
 gdt_desc:
         .word gdt_end - gdt - 1
         .quad gdt
 
+.macro TSS name, rsp0
         .p2align 4
-tss:
+\name:
         .long 0
-        .quad kernel_stack_top          /* RSP0 */
+        .quad \rsp0                     /* RSP0 */
         .quad 0, 0
         .quad 0                         /* reserved */
         .quad 0, 0, 0, 0, 0, 0, 0       /* IST1-7 */
         .quad 0
         .word 0
-        .word iomap - tss               /* I/O map base */
-iomap:
+        .word 104                       /* I/O map base: right after */
         /* Ports 0x000-0x3ff: allow 0x80, 0xf4 and 0x3f8-0x3ff, deny the
          * rest. */
         .fill 16, 1, 0xff
@@ -263,7 +369,10 @@ iomap:
         .fill 96, 1, 0xff
         .byte 0x00                      /* 0x3f8-0x3ff */
         .byte 0xff                      /* terminator */
-tss_end:
+\name\()_end:
+.endm
+        TSS tss, kernel_stack_top
+        TSS tss_ap, ap_kernel_stack_top
 
 idt_handlers:
         .quad 0, fault_0, 1, fault_1, 3, fault_3, 6, ud_handler
@@ -348,5 +457,9 @@ kernel_stack:   .skip 16384
 kernel_stack_top:
 user_stack:     .skip 65536
 user_stack_top:
+ap_kernel_stack: .skip 16384
+ap_kernel_stack_top:
+ap_user_stack:  .skip 65536
+ap_user_stack_top:
 
         .section .note.GNU-stack, "", @progbits
