@@ -426,6 +426,55 @@ mod tests {
         );
     }
 
+    /// A bzImage with a 4-sector setup and a 4 KiB "kernel" of 0xC3 bytes.
+    fn synthetic_bzimage() -> Vec<u8> {
+        let mut img = vec![0u8; 5 * 512 + 4096];
+        img[0x1F1] = 4;
+        img[0x1FE..0x200].copy_from_slice(&KERNEL_BOOT_FLAG_MAGIC.to_le_bytes());
+        img[0x202..0x206].copy_from_slice(&KERNEL_HDR_MAGIC.to_le_bytes());
+        img[0x206..0x208].copy_from_slice(&0x020Fu16.to_le_bytes());
+        img[0x211] = KERNEL_LOADED_HIGH;
+        img[0x214..0x218].copy_from_slice(&(KERNEL_START as u32).to_le_bytes());
+        img[5 * 512..].fill(0xC3);
+        img
+    }
+
+    #[test]
+    fn bzimage_boots_through_the_linux_protocol() {
+        let mem = create_memory(64).unwrap();
+        let k = load_kernel(&mem, &synthetic_bzimage()).unwrap();
+        assert_eq!(k.entry, Entry::Linux64(KERNEL_START + 0x200), "64-bit entry");
+        assert_eq!(k.end, KERNEL_START + 4096);
+        assert_eq!(mem.read_obj::<u8>(GuestAddress(KERNEL_START)).unwrap(), 0xC3);
+        write_boot_info(&mem, &k, "console=ttyS0", None).unwrap();
+        let params: boot_params = mem.read_obj(GuestAddress(ZERO_PAGE_ADDR)).unwrap();
+        assert_eq!({ params.hdr.header }, KERNEL_HDR_MAGIC);
+        assert_eq!({ params.hdr.version }, 0x020F, "the kernel's own setup header");
+        assert_eq!(params.hdr.type_of_loader, BOOT_LOADER_UNDEFINED);
+        assert_eq!({ params.hdr.cmdline_size }, 14);
+        assert_eq!({ params.hdr.ramdisk_size }, 0);
+    }
+
+    #[test]
+    fn elf_without_pvh_note_boots_in_long_mode() {
+        let mut elf = crate::guests::get("minimal").unwrap().to_vec();
+        let phoff = u64::from_le_bytes(elf[0x20..0x28].try_into().unwrap()) as usize;
+        let phentsize = usize::from(u16::from_le_bytes([elf[0x36], elf[0x37]]));
+        let phnum = usize::from(u16::from_le_bytes([elf[0x38], elf[0x39]]));
+        let mut notes = 0;
+        for i in 0..phnum {
+            let at = phoff + i * phentsize;
+            if elf[at..at + 4] == 4u32.to_le_bytes() {
+                elf[at..at + 4].copy_from_slice(&0u32.to_le_bytes());
+                notes += 1;
+            }
+        }
+        assert_eq!(notes, 1, "the guest has one PT_NOTE");
+        let mem = create_memory(64).unwrap();
+        let k = load_kernel(&mem, &elf).unwrap();
+        assert_eq!(k.entry, Entry::Linux64(KERNEL_START), "e_entry, 64-bit protocol");
+    }
+
     #[test]
     fn rejects_what_is_not_a_kernel() {
         let mem = create_memory(16).unwrap();
