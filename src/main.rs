@@ -11,6 +11,9 @@ use lwpvmm::cli::{Cli, run};
 const ERROR_STATUS: u8 = 2;
 
 fn main() -> ExitCode {
+    // Warnings (rate limited where a guest can trigger them) go to stderr;
+    // RUST_LOG raises or lowers the level.
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let cli = Cli::parse();
     // Not locked for the whole run: the guest's serial console writes to
     // stdout from the vCPU threads meanwhile.

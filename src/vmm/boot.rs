@@ -443,13 +443,24 @@ mod tests {
     fn bzimage_boots_through_the_linux_protocol() {
         let mem = create_memory(64).unwrap();
         let k = load_kernel(&mem, &synthetic_bzimage()).unwrap();
-        assert_eq!(k.entry, Entry::Linux64(KERNEL_START + 0x200), "64-bit entry");
+        assert_eq!(
+            k.entry,
+            Entry::Linux64(KERNEL_START + 0x200),
+            "64-bit entry"
+        );
         assert_eq!(k.end, KERNEL_START + 4096);
-        assert_eq!(mem.read_obj::<u8>(GuestAddress(KERNEL_START)).unwrap(), 0xC3);
+        assert_eq!(
+            mem.read_obj::<u8>(GuestAddress(KERNEL_START)).unwrap(),
+            0xC3
+        );
         write_boot_info(&mem, &k, "console=ttyS0", None).unwrap();
         let params: boot_params = mem.read_obj(GuestAddress(ZERO_PAGE_ADDR)).unwrap();
         assert_eq!({ params.hdr.header }, KERNEL_HDR_MAGIC);
-        assert_eq!({ params.hdr.version }, 0x020F, "the kernel's own setup header");
+        assert_eq!(
+            { params.hdr.version },
+            0x020F,
+            "the kernel's own setup header"
+        );
         assert_eq!(params.hdr.type_of_loader, BOOT_LOADER_UNDEFINED);
         assert_eq!({ params.hdr.cmdline_size }, 14);
         assert_eq!({ params.hdr.ramdisk_size }, 0);
@@ -472,7 +483,11 @@ mod tests {
         assert_eq!(notes, 1, "the guest has one PT_NOTE");
         let mem = create_memory(64).unwrap();
         let k = load_kernel(&mem, &elf).unwrap();
-        assert_eq!(k.entry, Entry::Linux64(KERNEL_START), "e_entry, 64-bit protocol");
+        assert_eq!(
+            k.entry,
+            Entry::Linux64(KERNEL_START),
+            "e_entry, 64-bit protocol"
+        );
     }
 
     #[test]

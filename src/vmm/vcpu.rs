@@ -235,7 +235,7 @@ impl Vcpu {
                     PortAction::Handled
                 }
                 Ok(other) => {
-                    let exit = format!("{other:?}");
+                    let exit = describe(&other);
                     return Err(VcpuError::Unhandled {
                         vcpu: id,
                         exit,
@@ -529,6 +529,25 @@ impl Vcpu {
                 "vCPU {id}: LWP threshold interrupt on exception vector {vector:#x} suppressed"
             ),
         }
+    }
+}
+
+/// An exit, named for an error message (addresses in hex).
+fn describe(exit: &VcpuExit<'_>) -> String {
+    match exit {
+        VcpuExit::MmioRead(addr, data) => {
+            format!(
+                "MmioRead ({} bytes at guest-physical {addr:#x}, which no device backs)",
+                data.len()
+            )
+        }
+        VcpuExit::MmioWrite(addr, data) => {
+            format!(
+                "MmioWrite ({} bytes at guest-physical {addr:#x}, which no device backs)",
+                data.len()
+            )
+        }
+        other => format!("{other:?}"),
     }
 }
 
