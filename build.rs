@@ -21,6 +21,7 @@ const GUESTS: &[&str] = &[
     "unhandled",
     "roundtrip",
     "smp",
+    "twotask",
 ];
 
 const CFLAGS: &[&str] = &[

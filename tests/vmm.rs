@@ -182,6 +182,18 @@ fn two_vcpus_never_mix_records() {
     }
 }
 
+#[test]
+fn two_tasks_keep_their_own_records_across_switches() {
+    let outcome = passes("twotask", LwpProfile::Emulated);
+    let calls = metric(&outcome, "lwp_state_calls");
+    assert!(
+        calls >= 4 && calls % 2 == 0,
+        "a save and a restore per switch: {calls}"
+    );
+    assert_eq!(outcome.lwp[0].records_stored, 2 * 1500, "the counts add up");
+    assert_eq!(outcome.lwp[0].records_missed, 0);
+}
+
 fn guest_file(name: &str) -> PathBuf {
     let path = std::env::temp_dir().join(format!("lwpvmm-test-{}-{name}.elf", std::process::id()));
     std::fs::write(&path, lwpvmm::guests::get(name).unwrap()).unwrap();

@@ -123,23 +123,30 @@ setup_lwp_cfg:
 
 /* Interrupt gates (DPL 0) for the vectors in idt_handlers. */
 setup_idt:
-        mov     $idt_handlers, %rsi
-1:      mov     (%rsi), %rcx
-        cmp     $-1, %rcx
+        mov     $idt_handlers, %r8
+1:      mov     (%r8), %rdi
+        cmp     $-1, %rdi
         je      2f
-        mov     8(%rsi), %rax
-        shl     $4, %rcx
-        add     $idt, %rcx
-        mov     %ax, (%rcx)
-        movw    $KERNEL_CS, 2(%rcx)
-        movw    $0x8e00, 4(%rcx)
-        shr     $16, %rax
-        mov     %ax, 6(%rcx)
-        shr     $16, %rax
-        mov     %eax, 8(%rcx)
-        add     $16, %rsi
+        mov     8(%r8), %rsi
+        call    set_gate
+        add     $16, %r8
         jmp     1b
 2:      ret
+
+/* set_gate(vector %rdi, handler %rsi): a DPL-0 interrupt gate. Guests call
+ * it from kernel_hook for vectors of their own. */
+        .globl set_gate
+set_gate:
+        shl     $4, %rdi
+        add     $idt, %rdi
+        mov     %si, (%rdi)
+        movw    $KERNEL_CS, 2(%rdi)
+        movw    $0x8e00, 4(%rdi)
+        shr     $16, %rsi
+        mov     %si, 6(%rdi)
+        shr     $16, %rsi
+        mov     %esi, 8(%rdi)
+        ret
 
         .weak kernel_hook
 kernel_hook:
@@ -414,6 +421,7 @@ cpuid_table:
  * test's kernel_hook may rewrite; 1-4 GiB identity-mapped supervisor-only
  * (the local APIC lives there). */
         .section .data.pagetables, "aw"
+        .globl pml4, pd1, pd2, pd3
         .p2align 12
 pml4:
         .quad pdpt + 0x7

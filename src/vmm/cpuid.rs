@@ -25,8 +25,12 @@ pub const PV_ABI_VERSION: u32 = 1;
 pub const PV_FEATURE_UD_DOORBELL: u32 = 1 << 0;
 /// PV feature bit: the isa-debug-exit port ends the VM.
 pub const PV_FEATURE_EXIT_PORT: u32 = 1 << 1;
+/// PV feature bit: the LWP state calls (component-62 save and restore).
+pub const PV_FEATURE_LWP_STATE: u32 = 1 << 2;
 /// The port the guest's #UD handler writes to (its first instruction).
 pub const PV_UD_PORT: u16 = 0x5c;
+/// The port of the LWP state calls (docs/pv-abi.md).
+pub const PV_STATE_PORT: u16 = 0x5d;
 /// QEMU's isa-debug-exit port.
 pub const EXIT_PORT: u16 = 0xf4;
 
@@ -74,7 +78,8 @@ pub fn build(
             PV_FEATURE_UD_DOORBELL
         } else {
             0
-        };
+        }
+        | if has_lwp { PV_FEATURE_LWP_STATE } else { 0 };
     table.push(CpuidEntry {
         leaf: LEAF_PV_BASE,
         subleaf: 0,

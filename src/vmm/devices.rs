@@ -11,7 +11,7 @@ use vm_superio::serial::NoEvents;
 use vm_superio::{Serial, Trigger};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::cpuid::{EXIT_PORT, PV_UD_PORT};
+use super::cpuid::{EXIT_PORT, PV_STATE_PORT, PV_UD_PORT};
 
 /// The serial port's first register.
 pub const SERIAL_BASE: u16 = 0x3f8;
@@ -78,6 +78,8 @@ pub enum PortAction {
     Exit(u8),
     /// The #UD doorbell: the vCPU loop emulates the LWP instruction.
     UdDoorbell,
+    /// An LWP state call (save or restore component 62).
+    LwpStateCall,
     /// No device at this port.
     Unclaimed,
 }
@@ -108,6 +110,7 @@ impl PortBus {
             EXIT_PORT => PortAction::Exit(value),
             POST_PORT => PortAction::Handled,
             PV_UD_PORT => PortAction::UdDoorbell,
+            PV_STATE_PORT => PortAction::LwpStateCall,
             _ => PortAction::Unclaimed,
         }
     }
@@ -161,6 +164,7 @@ mod tests {
         let table = [
             (0xf4, 3, PortAction::Exit(3)),
             (0x5c, 0, PortAction::UdDoorbell),
+            (0x5d, 1, PortAction::LwpStateCall),
             (0x80, 0, PortAction::Handled),
             (0x81, 0, PortAction::Unclaimed),
         ];

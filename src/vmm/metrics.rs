@@ -46,6 +46,8 @@ metrics! {
     lwpins,
     /// LWPVAL executed.
     lwpval,
+    /// LWP state calls (component-62 save/restore).
+    lwp_state_calls,
     /// Threshold interrupts injected.
     lwp_interrupts,
     /// Threshold interrupts on exception vectors, not injected.

@@ -20,8 +20,30 @@ use crate::guest_warn;
 use crate::lwp::fault::GuestFault;
 use crate::lwp::msr::{MSR_LWP_CBADDR, MSR_LWP_CFG};
 use crate::lwp::unit::{LwpUnit, ThresholdInterrupt};
+use crate::lwp::xsave::LwpXsaveArea;
 
 const RFLAGS_CF: u64 = 1;
+/// LWP state call: save component 62 into the area.
+pub const STATE_SAVE: u8 = 1;
+/// LWP state call: restore component 62 from the area.
+pub const STATE_RESTORE: u8 = 2;
+
+/// The status an LWP state call returns in RAX.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u64)]
+pub enum StateStatus {
+    /// Done.
+    Ok = 0,
+    /// The VM has no LWP.
+    NoLwp = 1,
+    /// The area cannot be read or written as supervisor memory.
+    BadArea = 2,
+    /// The image was refused (invalid, or its LWPCB or ring faults); LWP is
+    /// now off. RDX holds the fault's vector, RCX the #PF address.
+    Refused = 3,
+    /// Unknown operation, or called from CPL3.
+    BadCall = 4,
+}
 const KVM_INTERNAL_ERROR_EMULATION: u32 = 1;
 const KVM_INTERNAL_ERROR_EMULATION_FLAG_INSTRUCTION_BYTES: u64 = 1;
 const MAXPHYADDR: u8 = 48;
@@ -252,6 +274,7 @@ impl Vcpu {
             match action {
                 PortAction::Exit(value) => return Ok(VcpuStop::ExitPort(value)),
                 PortAction::UdDoorbell => self.ud_doorbell(shared)?,
+                PortAction::LwpStateCall => self.lwp_state_call(shared),
                 PortAction::Handled | PortAction::Unclaimed => {}
             }
             self.deliver_interrupt(shared);
@@ -296,6 +319,82 @@ impl Vcpu {
         self.fd.sync_regs_mut().regs = regs;
         self.fd.set_sync_dirty_reg(SyncReg::Register);
         Ok(())
+    }
+
+    /// An LWP state call (docs/pv-abi.md): AL = operation, RDI = the 128-byte
+    /// area (guest-linear, supervisor memory); the status goes to RAX, fault
+    /// details to RDX (vector) and RCX (address).
+    fn lwp_state_call(&mut self, shared: &Shared) {
+        let id = self.id;
+        shared
+            .metrics
+            .lwp_state_calls
+            .fetch_add(1, Ordering::Relaxed);
+        let sync = self.fd.sync_regs();
+        let (mut regs, sregs) = (sync.regs, sync.sregs);
+        let (status, detail) = self.state_call(shared, &regs, &sregs);
+        if status != StateStatus::Ok {
+            guest_warn!(
+                shared.metrics.guest_warnings,
+                "vCPU {id}: LWP state call failed: {status:?}"
+            );
+        }
+        regs.rax = status as u64;
+        regs.rdx = detail.map_or(0, |f| u64::from(f.vector()));
+        regs.rcx = match detail {
+            Some(GuestFault::PageFault { address, .. }) => address,
+            _ => 0,
+        };
+        self.fd.sync_regs_mut().regs = regs;
+        self.fd.set_sync_dirty_reg(SyncReg::Register);
+    }
+
+    fn state_call(
+        &mut self,
+        shared: &Shared,
+        regs: &kvm_regs,
+        sregs: &kvm_sregs,
+    ) -> (StateStatus, Option<GuestFault>) {
+        if sregs.cs.dpl != 0 {
+            return (StateStatus::BadCall, None);
+        }
+        let Some(unit) = self.unit.as_mut() else {
+            return (StateStatus::NoLwp, None);
+        };
+        let Ok(paging) = Paging::from_regs(sregs.cr0, sregs.cr3, sregs.cr4, sregs.efer, MAXPHYADDR)
+        else {
+            return (StateStatus::BadCall, None);
+        };
+        let mut view = GuestView::new(&shared.mem, paging);
+        let area_at = regs.rdi;
+        match regs.rax as u8 {
+            STATE_SAVE => {
+                let area = unit.save_xsave();
+                match view.write(area_at, area.as_slice(), Access::SupervisorWrite) {
+                    Ok(()) => (StateStatus::Ok, None),
+                    Err(_) => (StateStatus::BadArea, None),
+                }
+            }
+            STATE_RESTORE => {
+                let mut area = LwpXsaveArea::INIT;
+                if view
+                    .read(area_at, area.as_mut_slice(), Access::SupervisorRead)
+                    .is_err()
+                {
+                    return (StateStatus::BadArea, None);
+                }
+                match unit.restore_xsave(&mut view, &area) {
+                    Ok(()) => (StateStatus::Ok, None),
+                    Err(fault) => {
+                        // Never leave the previous context's LWPCB live for
+                        // the context being restored.
+                        let _ = unit.write_cbaddr(0);
+                        (StateStatus::Refused, Some(fault))
+                    }
+                }
+            }
+            _ => (StateStatus::BadCall, None),
+        }
     }
 
     /// Emulates the instruction behind a doorbell. `Ok(None)`: handled (the
