@@ -187,15 +187,19 @@ fn two_tasks_keep_their_own_records_across_switches() {
     let outcome = passes("twotask", LwpProfile::Emulated);
     let calls = metric(&outcome, "lwp_state_calls");
     assert!(
-        calls >= 4 && calls % 2 == 0,
+        calls >= 4 && calls.is_multiple_of(2),
         "a save and a restore per switch: {calls}"
     );
     assert_eq!(outcome.lwp[0].records_stored, 2 * 1500, "the counts add up");
     assert_eq!(outcome.lwp[0].records_missed, 0);
 }
 
+/// Writes an embedded guest to a file of its own (tests run in parallel).
 fn guest_file(name: &str) -> PathBuf {
-    let path = std::env::temp_dir().join(format!("lwpvmm-test-{}-{name}.elf", std::process::id()));
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path =
+        std::env::temp_dir().join(format!("lwpvmm-test-{}-{n}-{name}.elf", std::process::id()));
     std::fs::write(&path, lwpvmm::guests::get(name).unwrap()).unwrap();
     path
 }
