@@ -22,6 +22,7 @@ const GUESTS: &[&str] = &[
     "roundtrip",
     "smp",
     "twotask",
+    "replay",
 ];
 
 const CFLAGS: &[&str] = &[

@@ -3,14 +3,17 @@
 //!   exit and against a CPL3 UD2 taken through the same #UD doorbell;
 //! - an LWP_CFG RDMSR exit against a CPL0 port-I/O exit;
 //! - process start to exit of the minimal guest under lwpvmm and, when
-//!   `qemu-system-x86_64` is installed, under QEMU: wall time and peak RSS.
+//!   `qemu-system-x86_64` is installed, under QEMU: wall time and peak RSS;
+//! - snapshot and restore time of a 256 MiB guest, and the snapshot's size.
 //!
 //! `cargo bench --bench vmm` (not run by CI). Cycle counts come from the
-//! guest's RDTSC, so the ratios do not depend on the TSC frequency.
+//! guest's RDTSC, so the ratios do not depend on the TSC frequency. Wall
+//! time and peak RSS of whole processes come from GNU time (`apt-get install
+//! time`); QEMU from `apt-get install qemu-system-x86`.
 
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use lwpvmm::lwp::cpuid::{GuestLwpSupport, LwpProfile};
 use lwpvmm::vmm::devices::SerialOut;
@@ -30,6 +33,7 @@ fn round_trips() {
         profile: LwpProfile::Emulated,
         guest: GuestLwpSupport::Shim,
         serial: SerialOut::Capture(Arc::clone(&console)),
+        snapshots: vm::SnapshotPlan::default(),
     };
     let outcome = vm::run(&config).expect("round-trip guest");
     assert_eq!(outcome.exit_value, 0);
@@ -63,26 +67,29 @@ fn round_trips() {
     );
 }
 
-/// Wall time (s) and peak RSS (KiB) of one child process.
-// The child is reaped by wait4, which std's wait cannot replace: it also
-// returns the child's own resource usage.
-#[allow(clippy::zombie_processes)]
-fn measure(cmd: &mut Command) -> (f64, i64) {
-    let start = Instant::now();
-    let child = cmd
+/// Wall time (s) and peak RSS (KiB) of one run of `args`, measured by GNU
+/// time.
+fn measure(args: &[&str]) -> (f64, i64) {
+    let out = Command::new("/usr/bin/time")
+        .args(["-f", "lwpvmm-bench %e %M"])
+        .args(args)
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn");
-    let mut status = 0;
-    // SAFETY: rusage is plain old data; wait4 fills it for the child we own.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: waits for our own child by pid with valid out-pointers.
-    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
-    assert!(pid > 0, "wait4 failed");
-    let exit = libc::WEXITSTATUS(status);
-    assert_eq!(exit, 1, "the minimal guest exits with value 0, status 1");
-    (start.elapsed().as_secs_f64(), usage.ru_maxrss)
+        .output()
+        .expect("run /usr/bin/time");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "the minimal guest exits with value 0, status 1"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    let line = err
+        .lines()
+        .find_map(|l| l.strip_prefix("lwpvmm-bench "))
+        .expect("GNU time output");
+    let mut f = line.split(' ');
+    let wall: f64 = f.next().unwrap().parse().unwrap();
+    let rss: i64 = f.next().unwrap().parse().unwrap();
+    (wall, rss)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -94,40 +101,38 @@ fn starts() {
     let elf = std::env::temp_dir().join(format!("lwpvmm-bench-{}-minimal.elf", std::process::id()));
     std::fs::write(&elf, lwpvmm::guests::get("minimal").expect("guest")).unwrap();
     let kernel = elf.to_str().unwrap();
-    let lwpvmm_run = || {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_lwpvmm"));
-        c.args(["run", "--kernel", kernel, "--memory", "64"]);
-        c
-    };
-    let qemu_run = || {
-        let mut c = Command::new("qemu-system-x86_64");
-        c.args([
-            "-M",
-            "microvm,x-option-roms=off,rtc=off",
-            "-enable-kvm",
-            "-cpu",
-            "host,arch-capabilities=off",
-            "-m",
-            "64",
-            "-nodefaults",
-            "-no-user-config",
-            "-serial",
-            "stdio",
-            "-display",
-            "none",
-            "-device",
-            "isa-debug-exit,iobase=0xf4,iosize=0x04",
-            "-kernel",
-            kernel,
-        ]);
-        c
-    };
-    let run = |make: &dyn Fn() -> Command| {
-        let samples: Vec<(f64, i64)> = (0..STARTS).map(|_| measure(&mut make())).collect();
+    let lwpvmm_bin = env!("CARGO_BIN_EXE_lwpvmm");
+    let lwpvmm_run: Vec<&str> = vec![lwpvmm_bin, "run", "--kernel", kernel, "--memory", "64"];
+    let qemu_run: Vec<&str> = vec![
+        "qemu-system-x86_64",
+        "-M",
+        "microvm,x-option-roms=off,rtc=off",
+        "-enable-kvm",
+        "-cpu",
+        "host,arch-capabilities=off",
+        "-m",
+        "64",
+        "-nodefaults",
+        "-no-user-config",
+        "-serial",
+        "stdio",
+        "-display",
+        "none",
+        "-device",
+        "isa-debug-exit,iobase=0xf4,iosize=0x04",
+        "-kernel",
+        kernel,
+    ];
+    let run = |args: &[&str]| {
+        let samples: Vec<(f64, i64)> = (0..STARTS).map(|_| measure(args)).collect();
         let wall = median(samples.iter().map(|s| s.0).collect());
         let rss = samples.iter().map(|s| s.1).max().unwrap_or(0);
         (wall, rss)
     };
+    if !Path::new("/usr/bin/time").exists() {
+        println!("process start to exit: needs GNU time (apt-get install time): skipped");
+        return;
+    }
     let (lw, lr) = run(&lwpvmm_run);
     println!("process start to exit of the minimal guest ({STARTS} runs, median wall, peak RSS):");
     println!("  lwpvmm  {:>8.1} ms {:>8} KiB", lw * 1e3, lr);
@@ -150,6 +155,60 @@ fn starts() {
     let _ = std::fs::remove_file(elf);
 }
 
+/// Milliseconds in an info log line such as "... in 12.3 ms ...".
+fn logged_ms(stderr: &str, marker: &str) -> f64 {
+    let line = stderr
+        .lines()
+        .find(|l| l.contains(marker))
+        .unwrap_or_else(|| panic!("no `{marker}` line in:\n{stderr}"));
+    let after = &line[line.find(" in ").expect("timing") + 4..];
+    after.split(' ').next().unwrap().parse().unwrap()
+}
+
+fn snapshots() {
+    let dir = std::env::temp_dir().join(format!("lwpvmm-bench-{}-snapshot", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let elf = std::env::temp_dir().join(format!("lwpvmm-bench-{}-replay.elf", std::process::id()));
+    std::fs::write(&elf, lwpvmm::guests::get("replay").expect("guest")).unwrap();
+    let run = Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
+        .env("RUST_LOG", "info")
+        .args([
+            "run",
+            "--kernel",
+            elf.to_str().unwrap(),
+            "--memory",
+            "256",
+            "--cmdline",
+            "iterations=20000",
+        ])
+        .args([
+            "--snapshot-dir",
+            dir.to_str().unwrap(),
+            "--snapshot-after",
+            "100",
+        ])
+        .output()
+        .expect("run");
+    let taken = logged_ms(&String::from_utf8_lossy(&run.stderr), "snapshot written");
+    let restore = Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
+        .env("RUST_LOG", "info")
+        .args(["restore", dir.to_str().unwrap()])
+        .output()
+        .expect("restore");
+    let restored = logged_ms(&String::from_utf8_lossy(&restore.stderr), "restored");
+    let size = |f: &str| std::fs::metadata(dir.join(f)).map_or(0, |m| m.len());
+    println!("snapshot of a 256 MiB guest (replay guest, mid-run):");
+    println!("  pause + save + resume   {taken:>8.1} ms");
+    println!("  restore (until vCPUs run) {restored:>6.1} ms");
+    println!(
+        "  size: state {} bytes, memory {} MiB",
+        size(lwpvmm::vmm::snapshot::STATE_FILE),
+        size(lwpvmm::vmm::snapshot::MEMORY_FILE) >> 20
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_file(elf);
+}
+
 fn main() {
     if !std::path::Path::new("/dev/kvm").exists() {
         eprintln!("the VMM benchmarks need /dev/kvm, which is missing");
@@ -159,5 +218,6 @@ fn main() {
     if std::env::args().any(|a| a == "--bench") {
         round_trips();
         starts();
+        snapshots();
     }
 }

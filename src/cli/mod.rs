@@ -11,7 +11,7 @@ use thiserror::Error;
 
 use crate::lwp::cpuid::{GuestLwpSupport, LwpProfile};
 use crate::vmm::devices::SerialOut;
-use crate::vmm::vm::{self, RunOutcome, VmConfig, VmError};
+use crate::vmm::vm::{self, RestoreConfig, RunOutcome, SnapshotPlan, VmConfig, VmError};
 
 /// lwpvmm: AMD Lightweight Profiling for KVM guests on hosts without LWP.
 #[derive(Debug, Parser)]
@@ -27,6 +27,8 @@ pub struct Cli {
 pub enum Command {
     /// Boot a kernel (ELF, with or without a PVH note, or a Linux bzImage).
     Run(RunArgs),
+    /// Restore a snapshot and run the VM to its end.
+    Restore(RestoreArgs),
     /// Boot the embedded demo guest: a CPL3 program that profiles itself with
     /// LWP. Exits 0 when the guest reports success.
     Demo {
@@ -82,6 +84,50 @@ pub struct RunArgs {
     /// Write the run's counters as JSON to this file.
     #[arg(long)]
     pub metrics: Option<PathBuf>,
+    /// Snapshot options.
+    #[command(flatten)]
+    pub snapshot: SnapshotArgs,
+}
+
+/// Snapshot options of `run` and `restore`.
+#[derive(Debug, clap::Args)]
+pub struct SnapshotArgs {
+    /// Directory for snapshots (state.bin and memory.bin). With it, SIGUSR2
+    /// takes a snapshot while the VM runs; the VM continues afterwards.
+    #[arg(long)]
+    pub snapshot_dir: Option<PathBuf>,
+    /// Take a snapshot this many milliseconds after the start (needs
+    /// --snapshot-dir).
+    #[arg(long, requires = "snapshot_dir")]
+    pub snapshot_after: Option<u64>,
+}
+
+impl From<&SnapshotArgs> for SnapshotPlan {
+    fn from(a: &SnapshotArgs) -> Self {
+        SnapshotPlan {
+            dir: a.snapshot_dir.clone(),
+            after: a.snapshot_after.map(std::time::Duration::from_millis),
+        }
+    }
+}
+
+/// `lwpvmm restore` options.
+#[derive(Debug, clap::Args)]
+pub struct RestoreArgs {
+    /// The snapshot directory (written by --snapshot-dir).
+    pub dir: PathBuf,
+    /// Refuse the snapshot unless it was taken with this LWP profile.
+    #[arg(long, value_enum)]
+    pub lwp: Option<ProfileArg>,
+    /// Where the serial console goes: `stdout` or a file path.
+    #[arg(long, default_value = "stdout")]
+    pub serial: String,
+    /// Write the run's counters as JSON to this file.
+    #[arg(long)]
+    pub metrics: Option<PathBuf>,
+    /// Snapshot options for the restored VM.
+    #[command(flatten)]
+    pub snapshot: SnapshotArgs,
 }
 
 /// `--lwp` values.
@@ -168,10 +214,7 @@ fn read(what: &'static str, path: &PathBuf) -> Result<Vec<u8>, CliError> {
 pub fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
     match cli.command {
         Command::Run(args) => {
-            let serial = match args.serial.as_str() {
-                "stdout" => SerialOut::Stdout,
-                path => SerialOut::File(path.into()),
-            };
+            let serial = serial_out(&args.serial);
             let config = VmConfig {
                 kernel: read("kernel", &args.kernel)?,
                 initramfs: args
@@ -185,12 +228,20 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
                 profile: args.lwp.into(),
                 guest: args.guest.into(),
                 serial,
+                snapshots: (&args.snapshot).into(),
             };
             let outcome = vm::run(&config)?;
-            if let Some(path) = &args.metrics {
-                std::fs::write(path, serde_json::to_vec_pretty(&summary(&outcome))?)?;
-            }
-            Ok(exit_status(outcome.exit_value))
+            finish(&outcome, args.metrics.as_ref())
+        }
+        Command::Restore(args) => {
+            let config = RestoreConfig {
+                dir: args.dir.clone(),
+                serial: serial_out(&args.serial),
+                profile: args.lwp.map(Into::into),
+                snapshots: (&args.snapshot).into(),
+            };
+            let outcome = vm::restore(&config)?;
+            finish(&outcome, args.metrics.as_ref())
         }
         Command::Demo { lwp } => demo(out, lwp.into()),
         Command::Cpuid { lwp, guest, json } => {
@@ -198,6 +249,20 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
             Ok(0)
         }
     }
+}
+
+fn serial_out(arg: &str) -> SerialOut {
+    match arg {
+        "stdout" => SerialOut::Stdout,
+        path => SerialOut::File(path.into()),
+    }
+}
+
+fn finish(outcome: &RunOutcome, metrics: Option<&PathBuf>) -> Result<u8, CliError> {
+    if let Some(path) = metrics {
+        std::fs::write(path, serde_json::to_vec_pretty(&summary(outcome))?)?;
+    }
+    Ok(exit_status(outcome.exit_value))
 }
 
 fn summary(outcome: &RunOutcome) -> serde_json::Value {
@@ -234,6 +299,7 @@ fn demo(out: &mut dyn Write, profile: LwpProfile) -> Result<u8, CliError> {
         profile,
         guest: GuestLwpSupport::Shim,
         serial: SerialOut::Capture(Arc::clone(&console)),
+        snapshots: SnapshotPlan::default(),
     };
     let started = std::time::Instant::now();
     let outcome = vm::run(&config)?;

@@ -23,7 +23,8 @@ pub const EXT_FEATURES_ECX_LWP: u32 = 1 << 15;
 bitflags! {
     /// The LWP feature bits, laid out alike in CPUID 0x8000_001C.EAX (enabled
     /// by the OS), 0x8000_001C.EDX (supported), LWP_CFG[31:0] and LWPCB Flags.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+    #[serde(transparent)]
     pub struct LwpFeatures: u32 {
         /// LWP is available to applications (CPUID only).
         const AVAIL = 1 << 0;
@@ -399,7 +400,7 @@ impl FromStr for LwpProfile {
 }
 
 /// One CPUID entry as lwpvmm reports it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct CpuidEntry {
     /// The leaf (EAX input).
     pub leaf: u32,

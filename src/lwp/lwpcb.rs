@@ -101,7 +101,7 @@ pub enum LwpcbError {
 pub const MIN_INTERVAL: [i32; MAX_EVENT_ID + 1] = [0, 0, 0xF, 0xF, 0xF, 0xFFFF, 0xFFFF];
 
 /// One event's interval and counter as the unit uses them.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct EventSlot {
     /// Events per record, minus one.
     pub interval: i32,
@@ -110,7 +110,7 @@ pub struct EventSlot {
 }
 
 /// An LWPCB after LLWPCB's normalisation: what the unit runs with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LoadedLwpcb {
     /// Linear address of the LWPCB.
     pub address: u64,

@@ -61,7 +61,7 @@ pub enum ThresholdInterrupt {
 }
 
 /// Everything the unit holds, for snapshots.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct UnitState {
     /// LWP_CFG.
     pub cfg: u64,

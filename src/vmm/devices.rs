@@ -7,11 +7,12 @@ use std::io::{self, Write};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use vm_superio::serial::NoEvents;
+use vm_superio::serial::{NoEvents, SerialState};
 use vm_superio::{Serial, Trigger};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::cpuid::{EXIT_PORT, PV_STATE_PORT, PV_UD_PORT};
+use super::snapshot::SerialSnapshot;
 
 /// The serial port's first register.
 pub const SERIAL_BASE: u16 = 0x3f8;
@@ -96,6 +97,42 @@ impl PortBus {
         Ok(PortBus {
             serial: Serial::new(IrqTrigger(irq), out.writer()?),
         })
+    }
+
+    /// The bus with the UART's registers restored from a snapshot.
+    pub fn from_state(out: &SerialOut, irq: EventFd, state: &SerialSnapshot) -> io::Result<Self> {
+        let s = SerialState {
+            baud_divisor_low: state.baud_divisor_low,
+            baud_divisor_high: state.baud_divisor_high,
+            interrupt_enable: state.interrupt_enable,
+            interrupt_identification: state.interrupt_identification,
+            line_control: state.line_control,
+            line_status: state.line_status,
+            modem_control: state.modem_control,
+            modem_status: state.modem_status,
+            scratch: state.scratch,
+            in_buffer: state.in_buffer.clone(),
+        };
+        let serial = Serial::from_state(&s, IrqTrigger(irq), NoEvents, out.writer()?)
+            .map_err(|e| io::Error::other(format!("serial state: {e:?}")))?;
+        Ok(PortBus { serial })
+    }
+
+    /// The UART's registers, for a snapshot.
+    pub fn serial_state(&self) -> SerialSnapshot {
+        let s = self.serial.state();
+        SerialSnapshot {
+            baud_divisor_low: s.baud_divisor_low,
+            baud_divisor_high: s.baud_divisor_high,
+            interrupt_enable: s.interrupt_enable,
+            interrupt_identification: s.interrupt_identification,
+            line_control: s.line_control,
+            line_status: s.line_status,
+            modem_control: s.modem_control,
+            modem_status: s.modem_status,
+            scratch: s.scratch,
+            in_buffer: s.in_buffer,
+        }
     }
 
     /// A byte-wide OUT.

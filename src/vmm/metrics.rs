@@ -56,6 +56,8 @@ metrics! {
     unclaimed_ports,
     /// Other guest-triggered warnings.
     guest_warnings,
+    /// Snapshots written.
+    snapshots,
 }
 
 impl Metrics {

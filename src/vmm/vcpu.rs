@@ -15,8 +15,12 @@ use vm_memory::ByteValued;
 use super::devices::{PortAction, PortBus};
 use super::lwp_insn::{self, Context, LwpMnemonic, MAX_INSN_LEN, Outcome};
 use super::metrics::Metrics;
+use super::pause::PauseGate;
+use super::snapshot::LwpSection;
+use super::vcpu_state;
 use crate::guard::{Access, GuestMemory, GuestView, Paging};
 use crate::guest_warn;
+use crate::lwp::cpuid::CpuidEntry;
 use crate::lwp::fault::GuestFault;
 use crate::lwp::msr::{MSR_LWP_CBADDR, MSR_LWP_CFG};
 use crate::lwp::unit::{LwpUnit, ThresholdInterrupt};
@@ -46,7 +50,8 @@ pub enum StateStatus {
 }
 const KVM_INTERNAL_ERROR_EMULATION: u32 = 1;
 const KVM_INTERNAL_ERROR_EMULATION_FLAG_INSTRUCTION_BYTES: u64 = 1;
-const MAXPHYADDR: u8 = 48;
+/// The guest physical-address width lwpvmm assumes for page walks.
+pub const MAXPHYADDR: u8 = 48;
 
 /// Why a vCPU stopped the VM with an error.
 #[derive(Debug, Error)]
@@ -112,6 +117,12 @@ pub struct Shared {
     pub stop: Arc<AtomicBool>,
     /// Counters.
     pub metrics: Arc<Metrics>,
+    /// The snapshot rendezvous.
+    pub pause: Arc<PauseGate>,
+    /// KVM_CAP_XSAVE2 of this VM.
+    pub xsave_size: usize,
+    /// The MSRs KVM lists as saveable.
+    pub msr_indices: Arc<Vec<u32>>,
 }
 
 thread_local! {
@@ -135,6 +146,7 @@ pub extern "C" fn kick_handler(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut 
 pub struct Vcpu {
     fd: VcpuFd,
     id: u8,
+    cpuid: Vec<CpuidEntry>,
     unit: Option<LwpUnit>,
     instructions: bool,
     tsc_offset: i64,
@@ -148,6 +160,7 @@ impl Vcpu {
     pub fn new(
         fd: VcpuFd,
         id: u8,
+        cpuid: Vec<CpuidEntry>,
         unit: Option<LwpUnit>,
         instructions: bool,
         tsc_offset: i64,
@@ -155,10 +168,48 @@ impl Vcpu {
         Vcpu {
             fd,
             id,
+            cpuid,
             unit,
             instructions,
             tsc_offset,
         }
+    }
+
+    /// The KVM vCPU, for restoring its state before it runs.
+    pub fn fd(&self) -> &VcpuFd {
+        &self.fd
+    }
+
+    /// Replaces the LWP unit (restoring a snapshot).
+    pub fn set_unit(&mut self, unit: Option<LwpUnit>) {
+        self.unit = unit;
+    }
+
+    /// Saves this vCPU's state (KVM and LWP) and parks until the snapshot
+    /// is written.
+    fn park(&mut self, shared: &Shared) {
+        let state = vcpu_state::capture(
+            &self.fd,
+            self.id,
+            &self.cpuid,
+            shared.xsave_size,
+            &shared.msr_indices,
+        )
+        .map(|(mut snapshot, skipped)| {
+            if !skipped.is_empty() {
+                log::warn!(
+                    "vCPU {}: MSRs KVM lists but would not read: {skipped:x?}",
+                    self.id
+                );
+            }
+            snapshot.lwp = self.unit.as_ref().map(|u| LwpSection {
+                unit: u.state(),
+                component62: u.save_xsave().to_bytes().to_vec(),
+            });
+            snapshot
+        })
+        .map_err(|e| format!("vCPU {}: {e}", self.id));
+        shared.pause.park(self.id, state, &shared.stop);
     }
 
     /// The unit the LWP instructions reach: none for a stock guest.
@@ -190,6 +241,11 @@ impl Vcpu {
         loop {
             if shared.stop.load(Ordering::Acquire) {
                 return Ok(VcpuStop::Stopped);
+            }
+            if shared.pause.requested() {
+                // KVM completes pending I/O and applies dirty registers,
+                // then returns EINTR: a consistent point to save state.
+                self.fd.set_kvm_immediate_exit(1);
             }
             let action = match self.fd.run() {
                 Ok(VcpuExit::IoOut(port, data)) => {
@@ -267,6 +323,9 @@ impl Vcpu {
                 }
                 Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
                     self.fd.set_kvm_immediate_exit(0);
+                    if shared.pause.requested() {
+                        self.park(shared);
+                    }
                     PortAction::Handled
                 }
                 Err(source) => return Err(VcpuError::Run { vcpu: id, source }),

@@ -1,17 +1,23 @@
-//! A VM from configuration to exit: opening KVM and checking the capabilities
-//! lwpvmm needs, guest memory, the in-kernel irqchip and PIT, the LWP MSR
-//! filter, CPUID, boot, one thread per vCPU, the event loop that waits for
-//! the end, and the clean shutdown of every thread.
+//! A VM from configuration (or from a snapshot) to exit: opening KVM and
+//! checking the capabilities lwpvmm needs, guest memory, the in-kernel
+//! irqchip and PIT, the LWP MSR filter, CPUID, boot, one thread per vCPU,
+//! the event loop that waits for the end and takes snapshots, and the clean
+//! shutdown of every thread.
 
+use std::io::Read;
 use std::os::unix::io::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
+use std::time::{Duration, Instant};
 
 use event_manager::{EventManager, EventOps, Events, MutEventSubscriber, SubscriberOps};
 use kvm_bindings::{
-    CpuId, KVM_MAX_CPUID_ENTRIES, KVM_MSR_EXIT_REASON_FILTER, Msrs, kvm_cpuid_entry2,
-    kvm_enable_cap, kvm_msr_entry, kvm_pit_config, kvm_userspace_memory_region,
+    CpuId, KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE,
+    KVM_MAX_CPUID_ENTRIES, KVM_MSR_EXIT_REASON_FILTER, Msrs, kvm_cpuid_entry2, kvm_enable_cap,
+    kvm_irqchip, kvm_msr_entry, kvm_pit_config, kvm_userspace_memory_region,
 };
 use kvm_ioctls::{
     Cap, Kvm, MsrFilterDefaultAction, MsrFilterRange, MsrFilterRangeFlags, VcpuFd, VmFd,
@@ -21,14 +27,18 @@ use vm_memory::{Address, GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 use vmm_sys_util::signal::{Killable, SIGRTMIN, register_signal_handler};
+use vmm_sys_util::timerfd::TimerFd;
 
 use super::boot::{self, BootError};
 use super::cpuid;
 use super::devices::{PortBus, SERIAL_IRQ, SerialOut};
 use super::metrics::Metrics;
-use super::vcpu::{Shared, Vcpu, VcpuError, VcpuStop, kick_handler};
-use crate::guard::GuestMemory;
-use crate::lwp::cpuid::{CpuidEntry, GuestLwpSupport, LwpProfile};
+use super::pause::PauseGate;
+use super::snapshot::{self, MemoryLayout, SnapshotError, VcpuSnapshot, VmKvmState, VmSnapshot};
+use super::vcpu::{MAXPHYADDR, Shared, Vcpu, VcpuError, VcpuStop, kick_handler};
+use super::vcpu_state::{self, VcpuStateError};
+use crate::guard::{Access, GuestMemory, GuestView, Paging};
+use crate::lwp::cpuid::{CpuidEntry, GuestLwpSupport, LwpProfile, UnknownProfile};
 use crate::lwp::msr::MSR_LWP_CFG;
 use crate::lwp::unit::{LwpUnit, UnitStats};
 
@@ -54,6 +64,17 @@ pub struct VmConfig {
     pub guest: GuestLwpSupport,
     /// Where serial output goes.
     pub serial: SerialOut,
+    /// When and where to take snapshots.
+    pub snapshots: SnapshotPlan,
+}
+
+/// When and where a running VM writes snapshots.
+#[derive(Debug, Clone, Default)]
+pub struct SnapshotPlan {
+    /// The snapshot directory; without it no snapshot is taken.
+    pub dir: Option<PathBuf>,
+    /// Take one this long after the start.
+    pub after: Option<Duration>,
 }
 
 /// Why a VM could not run.
@@ -90,6 +111,12 @@ pub enum VmError {
     /// A vCPU thread panicked.
     #[error("vCPU {0} thread panicked")]
     Panicked(u8),
+    /// A snapshot could not be read, or was refused.
+    #[error("snapshot: {0}")]
+    Snapshot(#[from] SnapshotError),
+    /// A vCPU's saved state could not be restored.
+    #[error("vCPU {0}: {1}")]
+    VcpuState(u8, VcpuStateError),
 }
 
 /// How a VM ended.
@@ -107,8 +134,20 @@ fn setup(what: &'static str) -> impl Fn(kvm_ioctls::Error) -> VmError {
     move |source| VmError::Setup { what, source }
 }
 
-/// Runs a VM to its end.
-pub fn run(config: &VmConfig) -> Result<RunOutcome, VmError> {
+/// A created VM whose vCPUs have not run yet.
+struct Machine {
+    vm: Arc<VmFd>,
+    mem: Arc<GuestMemory>,
+    bus: Arc<Mutex<PortBus>>,
+    vcpus: Vec<Vcpu>,
+    xsave_size: usize,
+    msr_indices: Vec<u32>,
+    profile: LwpProfile,
+    guest: GuestLwpSupport,
+}
+
+/// Opens KVM and checks every capability lwpvmm relies on.
+fn open_kvm() -> Result<Kvm, VmError> {
     let kvm = Kvm::new().map_err(VmError::NoKvm)?;
     for (cap, name) in [
         (Cap::Irqchip, "KVM_CAP_IRQCHIP"),
@@ -124,12 +163,25 @@ pub fn run(config: &VmConfig) -> Result<RunOutcome, VmError> {
             return Err(VmError::MissingCap(name));
         }
     }
+    Ok(kvm)
+}
+
+/// The machine: memory, irqchip, PIT, MSR routing, the port bus and the
+/// vCPUs with their CPUID and LWP units. Nothing is booted yet.
+fn create_machine(
+    kvm: &Kvm,
+    memory_mib: u64,
+    vcpu_count: u8,
+    profile: LwpProfile,
+    guest: GuestLwpSupport,
+    bus: impl FnOnce(EventFd) -> std::io::Result<PortBus>,
+) -> Result<Machine, VmError> {
     let max_vcpus = kvm.get_max_vcpus().min(255);
-    if config.vcpus == 0 || usize::from(config.vcpus) > max_vcpus {
-        return Err(VmError::VcpuCount(config.vcpus, max_vcpus));
+    if vcpu_count == 0 || usize::from(vcpu_count) > max_vcpus {
+        return Err(VmError::VcpuCount(vcpu_count, max_vcpus));
     }
     let vm = Arc::new(kvm.create_vm().map_err(setup("KVM_CREATE_VM"))?);
-    let mem = Arc::new(boot::create_memory(config.memory_mib)?);
+    let mem = Arc::new(boot::create_memory(memory_mib)?);
     register_memory(&vm, &mem)?;
     vm.set_tss_address(0xfffb_d000)
         .map_err(setup("KVM_SET_TSS_ADDR"))?;
@@ -140,44 +192,233 @@ pub fn run(config: &VmConfig) -> Result<RunOutcome, VmError> {
     };
     vm.create_pit2(pit).map_err(setup("KVM_CREATE_PIT2"))?;
     route_lwp_msrs(&vm)?;
-
-    let kernel = boot::load_kernel(&mem, &config.kernel)?;
-    boot::write_boot_info(&mem, &kernel, &config.cmdline, config.initramfs.as_deref())?;
-    boot::write_gdt(&mem)?;
-
     let serial_irq = EventFd::new(EFD_NONBLOCK).map_err(|e| VmError::Io("serial eventfd", e))?;
     vm.register_irqfd(&serial_irq, SERIAL_IRQ)
         .map_err(setup("KVM_IRQFD"))?;
     let bus = Arc::new(Mutex::new(
-        PortBus::new(&config.serial, serial_irq).map_err(|e| VmError::Io("serial output", e))?,
+        bus(serial_irq).map_err(|e| VmError::Io("serial output", e))?,
     ));
-
-    let supported = kvm
-        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
-        .map_err(setup("KVM_GET_SUPPORTED_CPUID"))?;
-    let supported: Vec<CpuidEntry> = supported.as_slice().iter().map(from_kvm).collect();
+    let supported = supported_cpuid(kvm)?;
+    let xsave_size = usize::try_from(vm.check_extension_int(Cap::Xsave2))
+        .ok()
+        .filter(|&n| n >= 4096)
+        .unwrap_or(4096);
+    let msr_indices = kvm
+        .get_msr_index_list()
+        .map_err(setup("KVM_GET_MSR_INDEX_LIST"))?
+        .as_slice()
+        .to_vec();
     let mut vcpus = Vec::new();
-    for id in 0..config.vcpus {
+    for id in 0..vcpu_count {
         let fd = vm
             .create_vcpu(u64::from(id))
             .map_err(setup("KVM_CREATE_VCPU"))?;
-        let table = cpuid::build(&supported, config.profile, config.guest, id);
+        let table = cpuid::build(&supported, profile, guest, id);
         let kvm_table: Vec<kvm_cpuid_entry2> = table.iter().map(to_kvm).collect();
-        let cpuid = CpuId::from_entries(&kvm_table)
+        let kvm_cpuid = CpuId::from_entries(&kvm_table)
             .map_err(|_| VmError::MissingCap("room for the CPUID table"))?;
-        fd.set_cpuid2(&cpuid).map_err(setup("KVM_SET_CPUID2"))?;
-        if id == 0 {
-            let sregs = fd.get_sregs().map_err(setup("KVM_GET_SREGS"))?;
-            let (regs, sregs) = boot::initial_state(kernel.entry, sregs);
-            fd.set_sregs(&sregs).map_err(setup("KVM_SET_SREGS"))?;
-            fd.set_regs(&regs).map_err(setup("KVM_SET_REGS"))?;
-        }
-        let unit = config.profile.caps().map(LwpUnit::new);
+        fd.set_cpuid2(&kvm_cpuid).map_err(setup("KVM_SET_CPUID2"))?;
+        let unit = profile.caps().map(LwpUnit::new);
         let tsc_offset = tsc_offset(&fd)?;
-        let instructions = config.guest == GuestLwpSupport::Shim;
-        vcpus.push(Vcpu::new(fd, id, unit, instructions, tsc_offset));
+        let instructions = guest == GuestLwpSupport::Shim;
+        vcpus.push(Vcpu::new(fd, id, table, unit, instructions, tsc_offset));
     }
-    run_vcpus(vm, mem, bus, vcpus)
+    Ok(Machine {
+        vm,
+        mem,
+        bus,
+        vcpus,
+        xsave_size,
+        msr_indices,
+        profile,
+        guest,
+    })
+}
+
+/// Boots a kernel and runs the VM to its end.
+pub fn run(config: &VmConfig) -> Result<RunOutcome, VmError> {
+    let kvm = open_kvm()?;
+    let serial = config.serial.clone();
+    let machine = create_machine(
+        &kvm,
+        config.memory_mib,
+        config.vcpus,
+        config.profile,
+        config.guest,
+        |irq| PortBus::new(&serial, irq),
+    )?;
+    let kernel = boot::load_kernel(&machine.mem, &config.kernel)?;
+    boot::write_boot_info(
+        &machine.mem,
+        &kernel,
+        &config.cmdline,
+        config.initramfs.as_deref(),
+    )?;
+    boot::write_gdt(&machine.mem)?;
+    let boot_vcpu = machine.vcpus[0].fd();
+    let sregs = boot_vcpu.get_sregs().map_err(setup("KVM_GET_SREGS"))?;
+    let (regs, sregs) = boot::initial_state(kernel.entry, sregs);
+    boot_vcpu
+        .set_sregs(&sregs)
+        .map_err(setup("KVM_SET_SREGS"))?;
+    boot_vcpu.set_regs(&regs).map_err(setup("KVM_SET_REGS"))?;
+    run_machine(machine, &config.snapshots)
+}
+
+/// Options of `lwpvmm restore`.
+#[derive(Debug, Clone)]
+pub struct RestoreConfig {
+    /// The snapshot directory.
+    pub dir: PathBuf,
+    /// Where serial output goes.
+    pub serial: SerialOut,
+    /// The profile the caller expects, if any: a snapshot taken with
+    /// another is refused.
+    pub profile: Option<LwpProfile>,
+    /// Snapshots to take from the restored VM.
+    pub snapshots: SnapshotPlan,
+}
+
+/// Restores a snapshot and runs the VM to its end. Everything in the
+/// snapshot is checked before any vCPU runs.
+pub fn restore(config: &RestoreConfig) -> Result<RunOutcome, VmError> {
+    let started = Instant::now();
+    let snap = snapshot::read_state(&config.dir)?;
+    let profile: LwpProfile = snap
+        .profile
+        .parse()
+        .map_err(|e: UnknownProfile| SnapshotError::Mismatch(e.to_string()))?;
+    if let Some(want) = config.profile
+        && want != profile
+    {
+        return Err(SnapshotError::Mismatch(format!(
+            "it was taken with LWP profile `{profile}`, --lwp asks for `{want}`"
+        ))
+        .into());
+    }
+    let guest = match snap.guest.as_str() {
+        "shim" => GuestLwpSupport::Shim,
+        "stock" => GuestLwpSupport::Stock,
+        other => {
+            return Err(SnapshotError::Mismatch(format!("unknown guest kind `{other}`")).into());
+        }
+    };
+    let total: u64 = snap.memory.regions.iter().map(|r| r.1).sum();
+    let vcpu_count = u8::try_from(snap.vcpus.len())
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| SnapshotError::Mismatch(format!("{} vCPUs", snap.vcpus.len())))?;
+    if snap
+        .vcpus
+        .iter()
+        .enumerate()
+        .any(|(i, v)| usize::from(v.id) != i)
+    {
+        return Err(SnapshotError::Mismatch("vCPU ids are not 0..n in order".into()).into());
+    }
+    let kvm = open_kvm()?;
+    check_cpuid(&kvm, &snap, profile, guest)?;
+    let serial = config.serial.clone();
+    let serial_state = snap.serial.clone();
+    let mut machine = create_machine(&kvm, total >> 20, vcpu_count, profile, guest, |irq| {
+        PortBus::from_state(&serial, irq, &serial_state)
+    })?;
+    snapshot::read_memory(&config.dir, &machine.mem, &snap.memory)?;
+    for (vcpu, saved) in machine.vcpus.iter_mut().zip(&snap.vcpus) {
+        let unit = restore_lwp(&machine.mem, profile, saved)?;
+        vcpu_state::apply(vcpu.fd(), saved, machine.xsave_size)
+            .map_err(|e| VmError::VcpuState(saved.id, e))?;
+        vcpu.set_unit(unit);
+    }
+    let vm = &machine.vm;
+    vm.set_pit2(&snap.vm.pit).map_err(setup("KVM_SET_PIT2"))?;
+    vm.set_clock(&snap.vm.clock)
+        .map_err(setup("KVM_SET_CLOCK"))?;
+    for chip in [&snap.vm.pic_master, &snap.vm.pic_slave, &snap.vm.ioapic] {
+        vm.set_irqchip(chip).map_err(setup("KVM_SET_IRQCHIP"))?;
+    }
+    log::info!(
+        "snapshot {} restored in {:.1} ms",
+        config.dir.display(),
+        started.elapsed().as_secs_f64() * 1e3
+    );
+    run_machine(machine, &config.snapshots)
+}
+
+/// Refuses a snapshot whose CPUID tables differ from what this host gives
+/// the same profile.
+fn check_cpuid(
+    kvm: &Kvm,
+    snap: &VmSnapshot,
+    profile: LwpProfile,
+    guest: GuestLwpSupport,
+) -> Result<(), VmError> {
+    let supported = supported_cpuid(kvm)?;
+    for v in &snap.vcpus {
+        let here = cpuid::build(&supported, profile, guest, v.id);
+        if here != v.cpuid {
+            let differing: Vec<String> = here
+                .iter()
+                .filter(|e| !v.cpuid.contains(e))
+                .chain(v.cpuid.iter().filter(|e| !here.contains(e)))
+                .map(|e| format!("{:#x}.{}", e.leaf, e.subleaf))
+                .take(6)
+                .collect();
+            return Err(SnapshotError::Mismatch(format!(
+                "vCPU {}: the CPUID table differs from the one this host gives profile `{profile}` (leaves {})",
+                v.id,
+                differing.join(", ")
+            ))
+            .into());
+        }
+    }
+    Ok(())
+}
+
+/// Rebuilds a vCPU's LWP unit from its snapshot section, which is untrusted.
+fn restore_lwp(
+    mem: &GuestMemory,
+    profile: LwpProfile,
+    saved: &VcpuSnapshot,
+) -> Result<Option<LwpUnit>, VmError> {
+    let id = saved.id;
+    let bad = |reason: String| VmError::from(SnapshotError::Lwp { vcpu: id, reason });
+    let (Some(caps), Some(section)) = (profile.caps(), &saved.lwp) else {
+        return match (profile.caps(), &saved.lwp) {
+            (None, None) => Ok(None),
+            _ => Err(bad(format!(
+                "LWP section present: {}, profile `{profile}`",
+                saved.lwp.is_some()
+            ))),
+        };
+    };
+    let unit = LwpUnit::from_state(caps, &section.unit).map_err(|e| bad(e.to_string()))?;
+    if unit.save_xsave().to_bytes().as_slice() != section.component62.as_slice() {
+        return Err(bad(
+            "the component-62 image does not match the unit state".into()
+        ));
+    }
+    if let Some(block) = unit.block() {
+        let s = &saved.sregs;
+        let paging = Paging::from_regs(s.cr0, s.cr3, s.cr4, s.efer, MAXPHYADDR)
+            .map_err(|e| bad(e.to_string()))?;
+        GuestView::new(mem, paging)
+            .check(block.address, u64::from(caps.cb_size()), Access::UserWrite)
+            .map_err(|e| {
+                bad(format!(
+                    "the LWPCB at {:#x} is not in guest RAM the vCPU can reach: {e}",
+                    block.address
+                ))
+            })?;
+    }
+    Ok(Some(unit))
+}
+
+fn supported_cpuid(kvm: &Kvm) -> Result<Vec<CpuidEntry>, VmError> {
+    let supported = kvm
+        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+        .map_err(setup("KVM_GET_SUPPORTED_CPUID"))?;
+    Ok(supported.as_slice().iter().map(from_kvm).collect())
 }
 
 fn register_memory(vm: &VmFd, mem: &GuestMemory) -> Result<(), VmError> {
@@ -296,34 +537,61 @@ pub fn cpuid_table(
     guest: GuestLwpSupport,
 ) -> Result<Vec<CpuidEntry>, VmError> {
     let kvm = Kvm::new().map_err(VmError::NoKvm)?;
-    let supported = kvm
-        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
-        .map_err(setup("KVM_GET_SUPPORTED_CPUID"))?;
-    let supported: Vec<CpuidEntry> = supported.as_slice().iter().map(from_kvm).collect();
-    Ok(cpuid::build(&supported, profile, guest, 0))
+    Ok(cpuid::build(&supported_cpuid(&kvm)?, profile, guest, 0))
 }
 
-/// Waits for the VM's end on the event loop: the exit eventfd (a vCPU
-/// stopped) and console input.
+/// What the event loop is waiting for: the VM's end, console input, and
+/// snapshot requests (the `--snapshot-after` timer and SIGUSR2).
 struct Control {
     exit: EventFd,
     stdin: Option<std::io::Stdin>,
     bus: Arc<Mutex<PortBus>>,
+    timer: Option<TimerFd>,
+    sigusr2: Option<UnixStream>,
+    snapshot_due: bool,
     done: bool,
 }
 
 impl MutEventSubscriber for Control {
     fn process(&mut self, events: Events, ops: &mut EventOps) {
-        if events.fd() == self.exit.as_raw_fd() {
+        let fd = events.fd();
+        if fd == self.exit.as_raw_fd() {
             self.done = true;
-            return;
+        } else if let Some(t) = self.timer.as_mut().filter(|t| t.as_raw_fd() == fd) {
+            let _ = t.wait();
+            self.snapshot_due = true;
+        } else if let Some(s) = self.sigusr2.as_mut().filter(|s| s.as_raw_fd() == fd) {
+            let mut b = [0u8; 16];
+            let _ = s.read(&mut b);
+            self.snapshot_due = true;
+        } else {
+            self.console_input(ops);
         }
+    }
+
+    fn init(&mut self, ops: &mut EventOps) {
+        let _ = ops.add(Events::new(&self.exit, EventSet::IN));
+        if let Some(t) = &self.timer {
+            let _ = ops.add(Events::new(t, EventSet::IN));
+        }
+        if let Some(s) = &self.sigusr2 {
+            let _ = ops.add(Events::new(s, EventSet::IN));
+        }
+        if let Some(s) = &self.stdin
+            && ops
+                .add(Events::new_raw(s.as_raw_fd(), EventSet::IN))
+                .is_err()
+        {
+            self.stdin = None;
+        }
+    }
+}
+
+impl Control {
+    fn console_input(&mut self, ops: &mut EventOps) {
         let mut buf = [0u8; 64];
         let n = match &self.stdin {
-            Some(s) => {
-                use std::io::Read;
-                s.lock().read(&mut buf).unwrap_or(0)
-            }
+            Some(s) => s.lock().read(&mut buf).unwrap_or(0),
             None => 0,
         };
         if n == 0 {
@@ -336,17 +604,6 @@ impl MutEventSubscriber for Control {
             let _ = bus.serial_input(&buf[..n]);
         }
     }
-
-    fn init(&mut self, ops: &mut EventOps) {
-        let _ = ops.add(Events::new(&self.exit, EventSet::IN));
-        if let Some(s) = &self.stdin
-            && ops
-                .add(Events::new_raw(s.as_raw_fd(), EventSet::IN))
-                .is_err()
-        {
-            self.stdin = None;
-        }
-    }
 }
 
 fn stdin_is_terminal() -> bool {
@@ -354,16 +611,99 @@ fn stdin_is_terminal() -> bool {
     std::io::stdin().is_terminal()
 }
 
-fn run_vcpus(
-    vm: Arc<VmFd>,
-    mem: Arc<GuestMemory>,
-    bus: Arc<Mutex<PortBus>>,
-    vcpus: Vec<Vcpu>,
-) -> Result<RunOutcome, VmError> {
+fn event_error(what: &'static str) -> impl Fn(event_manager::Error) -> VmError {
+    move |e| VmError::Io(what, std::io::Error::other(format!("{e:?}")))
+}
+
+/// What the main thread needs to take a snapshot while vCPU threads run.
+struct Snapshotter<'a> {
+    dir: &'a Path,
+    vm: &'a VmFd,
+    mem: &'a GuestMemory,
+    bus: &'a Mutex<PortBus>,
+    pause: &'a PauseGate,
+    stop: &'a AtomicBool,
+    profile: LwpProfile,
+    guest: GuestLwpSupport,
+}
+
+impl Snapshotter<'_> {
+    /// Pauses every vCPU, writes the snapshot, resumes. The vCPUs must have
+    /// been kicked after `pause.request()`.
+    fn take(&self) -> Result<(u64, u64), VmError> {
+        let result = self.write();
+        self.pause.release();
+        result
+    }
+
+    fn write(&self) -> Result<(u64, u64), VmError> {
+        let vcpus = self
+            .pause
+            .collect(self.stop)
+            .map_err(SnapshotError::Mismatch)?;
+        let chip = |chip_id| {
+            let mut c = kvm_irqchip {
+                chip_id,
+                ..Default::default()
+            };
+            self.vm
+                .get_irqchip(&mut c)
+                .map(|()| c)
+                .map_err(setup("KVM_GET_IRQCHIP"))
+        };
+        let vm = VmKvmState {
+            pic_master: chip(KVM_IRQCHIP_PIC_MASTER)?,
+            pic_slave: chip(KVM_IRQCHIP_PIC_SLAVE)?,
+            ioapic: chip(KVM_IRQCHIP_IOAPIC)?,
+            pit: self.vm.get_pit2().map_err(setup("KVM_GET_PIT2"))?,
+            clock: self.vm.get_clock().map_err(setup("KVM_GET_CLOCK"))?,
+        };
+        let serial = self
+            .bus
+            .lock()
+            .map_err(|_| VmError::Io("serial", std::io::Error::other("lock poisoned")))?
+            .serial_state();
+        std::fs::create_dir_all(self.dir)
+            .map_err(|e| VmError::Io("creating the snapshot directory", e))?;
+        let (crc64, memory_bytes) = snapshot::write_memory(self.dir, self.mem)?;
+        let state = VmSnapshot {
+            lwpvmm_version: env!("CARGO_PKG_VERSION").into(),
+            profile: self.profile.name().into(),
+            guest: match self.guest {
+                GuestLwpSupport::Shim => "shim",
+                GuestLwpSupport::Stock => "stock",
+            }
+            .into(),
+            memory: MemoryLayout {
+                regions: snapshot::layout(self.mem),
+                crc64,
+            },
+            vm,
+            serial,
+            vcpus,
+        };
+        let state_bytes = snapshot::write_state(self.dir, &state)?;
+        Ok((state_bytes, memory_bytes))
+    }
+}
+
+fn run_machine(machine: Machine, plan: &SnapshotPlan) -> Result<RunOutcome, VmError> {
     register_signal_handler(SIGRTMIN(), kick_handler)
         .map_err(|e| VmError::Io("kick signal", e.into()))?;
+    let Machine {
+        vm,
+        mem,
+        bus,
+        vcpus,
+        xsave_size,
+        msr_indices,
+        profile,
+        guest,
+    } = machine;
     let metrics = Arc::new(Metrics::default());
     let stop = Arc::new(AtomicBool::new(false));
+    let pause = Arc::new(PauseGate::new(vcpus.len()));
+    let msr_indices = Arc::new(msr_indices);
     let exit = EventFd::new(EFD_NONBLOCK).map_err(|e| VmError::Io("exit eventfd", e))?;
     let mut handles = Vec::new();
     for mut vcpu in vcpus {
@@ -373,6 +713,9 @@ fn run_vcpus(
             bus: Arc::clone(&bus),
             stop: Arc::clone(&stop),
             metrics: Arc::clone(&metrics),
+            pause: Arc::clone(&pause),
+            xsave_size,
+            msr_indices: Arc::clone(&msr_indices),
         };
         let exit = exit
             .try_clone()
@@ -389,23 +732,82 @@ fn run_vcpus(
         handles.push(handle);
     }
 
+    let timer = match (&plan.dir, plan.after) {
+        (Some(_), Some(after)) => {
+            let mut t = TimerFd::new().map_err(|e| VmError::Io("snapshot timer", e.into()))?;
+            t.reset(after.max(Duration::from_millis(1)), None)
+                .map_err(|e| VmError::Io("snapshot timer", e.into()))?;
+            Some(t)
+        }
+        _ => None,
+    };
+    let sigusr2 = match &plan.dir {
+        Some(_) => {
+            let (reader, writer) =
+                UnixStream::pair().map_err(|e| VmError::Io("SIGUSR2 pipe", e))?;
+            reader
+                .set_nonblocking(true)
+                .map_err(|e| VmError::Io("SIGUSR2 pipe", e))?;
+            signal_hook::low_level::pipe::register(signal_hook::consts::SIGUSR2, writer)
+                .map_err(|e| VmError::Io("SIGUSR2 handler", e))?;
+            Some(reader)
+        }
+        None => None,
+    };
     let mut manager = EventManager::<Arc<Mutex<dyn MutEventSubscriber + Send>>>::new()
-        .map_err(|e| VmError::Io("event manager", std::io::Error::other(format!("{e:?}"))))?;
+        .map_err(event_error("event manager"))?;
     let control = Arc::new(Mutex::new(Control {
         exit: exit
             .try_clone()
             .map_err(|e| VmError::Io("exit eventfd", e))?,
         stdin: stdin_is_terminal().then(std::io::stdin),
         bus: Arc::clone(&bus),
+        timer,
+        sigusr2,
+        snapshot_due: false,
         done: false,
     }));
     manager.add_subscriber(control.clone());
-    while !control.lock().map_or(true, |c| c.done) {
-        manager
-            .run()
-            .map_err(|e| VmError::Io("event loop", std::io::Error::other(format!("{e:?}"))))?;
+    let snapshotter = plan.dir.as_deref().map(|dir| Snapshotter {
+        dir,
+        vm: &vm,
+        mem: &mem,
+        bus: &bus,
+        pause: &pause,
+        stop: &stop,
+        profile,
+        guest,
+    });
+    loop {
+        let (done, due) = control.lock().map_or((true, false), |mut c| {
+            (c.done, std::mem::take(&mut c.snapshot_due))
+        });
+        if done {
+            break;
+        }
+        if let (true, Some(snap)) = (due, &snapshotter) {
+            let started = Instant::now();
+            pause.request();
+            for h in &handles {
+                let _ = h.kill(SIGRTMIN());
+            }
+            match snap.take() {
+                Ok((state, memory)) => {
+                    metrics.snapshots.fetch_add(1, Ordering::Relaxed);
+                    log::info!(
+                        "snapshot written to {} in {:.1} ms ({state} bytes of state, {memory} bytes of memory)",
+                        snap.dir.display(),
+                        started.elapsed().as_secs_f64() * 1e3
+                    );
+                }
+                Err(e) => log::error!("snapshot to {} failed: {e}", snap.dir.display()),
+            }
+            continue;
+        }
+        manager.run().map_err(event_error("event loop"))?;
     }
 
+    stop.store(true, Ordering::Release);
     for h in &handles {
         let _ = h.kill(SIGRTMIN());
     }

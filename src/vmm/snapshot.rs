@@ -1,0 +1,427 @@
+//! The snapshot format: a state file (header, format version, CRC-64 of the
+//! payload, then the payload as JSON) and guest RAM in a separate file, as
+//! Firecracker does. Everything read back is untrusted: the header, the
+//! checksums, the sizes and the LWP section are checked before anything runs.
+//! docs/snapshot.md describes the format and its version rules.
+
+use std::fs::File;
+use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+
+use crc::{CRC_64_ECMA_182, Crc};
+use kvm_bindings::{
+    kvm_clock_data, kvm_debugregs, kvm_irqchip, kvm_lapic_state, kvm_mp_state, kvm_pit_state2,
+    kvm_regs, kvm_sregs, kvm_vcpu_events, kvm_xcrs,
+};
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
+
+use crate::guard::GuestMemory;
+use crate::lwp::cpuid::CpuidEntry;
+use crate::lwp::unit::UnitState;
+
+/// The state file in a snapshot directory.
+pub const STATE_FILE: &str = "state.bin";
+/// The guest-memory file in a snapshot directory.
+pub const MEMORY_FILE: &str = "memory.bin";
+/// The state file's first eight bytes.
+pub const MAGIC: [u8; 8] = *b"LWPVMMST";
+/// The format version this lwpvmm writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+const HEADER_LEN: usize = 8 + 4 + 4 + 8 + 8;
+/// The largest state payload accepted (it is JSON of a few KiB per vCPU).
+const MAX_PAYLOAD: u64 = 64 << 20;
+const CRC: Crc<u64> = Crc::<u64>::new(&CRC_64_ECMA_182);
+
+/// Why a snapshot cannot be written or read.
+#[derive(Debug, Error)]
+pub enum SnapshotError {
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+    /// Not an lwpvmm state file.
+    #[error("{0} is not an lwpvmm snapshot state file (bad magic)")]
+    BadMagic(PathBuf),
+    /// A format version this lwpvmm does not read.
+    #[error(
+        "snapshot format version {found} is not supported (this lwpvmm reads version {FORMAT_VERSION})"
+    )]
+    Version {
+        /// The file's version.
+        found: u32,
+    },
+    /// The payload is shorter than the header says, or absurdly long.
+    #[error("the state file is truncated or its length field is corrupt")]
+    Length,
+    /// The payload's checksum does not match.
+    #[error("the state file is corrupt: CRC-64 {found:#018x}, header says {expected:#018x}")]
+    Checksum {
+        /// Computed.
+        found: u64,
+        /// Recorded.
+        expected: u64,
+    },
+    /// The payload is not a valid snapshot document.
+    #[error("the state file's payload is invalid: {0}")]
+    Payload(#[from] serde_json::Error),
+    /// The memory file does not match the recorded layout.
+    #[error("the memory file is corrupt: {0}")]
+    Memory(String),
+    /// The snapshot does not fit this host or these options.
+    #[error("the snapshot does not match: {0}")]
+    Mismatch(String),
+    /// The LWP section of a vCPU is invalid.
+    #[error("vCPU {vcpu}: invalid LWP section: {reason}")]
+    Lwp {
+        /// The vCPU.
+        vcpu: u8,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+fn io_err(path: &Path) -> impl Fn(io::Error) -> SnapshotError + '_ {
+    move |source| SnapshotError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// The whole VM, as written to the state file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VmSnapshot {
+    /// The lwpvmm version that wrote it.
+    pub lwpvmm_version: String,
+    /// The LWP profile's name.
+    pub profile: String,
+    /// `shim` or `stock`.
+    pub guest: String,
+    /// Guest RAM.
+    pub memory: MemoryLayout,
+    /// In-kernel irqchip, PIT and clock.
+    pub vm: VmKvmState,
+    /// The 8250's registers.
+    pub serial: SerialSnapshot,
+    /// Every vCPU.
+    pub vcpus: Vec<VcpuSnapshot>,
+}
+
+/// Guest RAM as saved in the memory file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryLayout {
+    /// (guest-physical start, size) of each region, in file order.
+    pub regions: Vec<(u64, u64)>,
+    /// CRC-64 of the memory file.
+    pub crc64: u64,
+}
+
+/// VM-wide KVM state.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VmKvmState {
+    /// PIC master.
+    pub pic_master: kvm_irqchip,
+    /// PIC slave.
+    pub pic_slave: kvm_irqchip,
+    /// IOAPIC.
+    pub ioapic: kvm_irqchip,
+    /// PIT.
+    pub pit: kvm_pit_state2,
+    /// kvmclock.
+    pub clock: kvm_clock_data,
+}
+
+/// The 8250's registers (vm-superio's `SerialState`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[allow(missing_docs)]
+pub struct SerialSnapshot {
+    pub baud_divisor_low: u8,
+    pub baud_divisor_high: u8,
+    pub interrupt_enable: u8,
+    pub interrupt_identification: u8,
+    pub line_control: u8,
+    pub line_status: u8,
+    pub modem_control: u8,
+    pub modem_status: u8,
+    pub scratch: u8,
+    pub in_buffer: Vec<u8>,
+}
+
+/// One vCPU.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VcpuSnapshot {
+    /// vCPU index (= APIC ID).
+    pub id: u8,
+    /// The table passed to KVM_SET_CPUID2.
+    pub cpuid: Vec<CpuidEntry>,
+    /// General registers.
+    pub regs: kvm_regs,
+    /// Special registers.
+    pub sregs: kvm_sregs,
+    /// The XSAVE image's size in bytes (KVM_CAP_XSAVE2).
+    pub xsave_size: u32,
+    /// The XSAVE image as 32-bit words (without component 62: KVM refuses it).
+    pub xsave: Vec<u32>,
+    /// Extended control registers.
+    pub xcrs: kvm_xcrs,
+    /// MSRs KVM lists as saveable, as (index, value).
+    pub msrs: Vec<(u32, u64)>,
+    /// Local APIC.
+    pub lapic: kvm_lapic_state,
+    /// Pending events.
+    pub events: kvm_vcpu_events,
+    /// Debug registers.
+    pub debugregs: kvm_debugregs,
+    /// Multiprocessing state.
+    pub mp_state: kvm_mp_state,
+    /// The LWP unit, when the VM has LWP.
+    pub lwp: Option<LwpSection>,
+}
+
+/// A vCPU's LWP unit: the component-62 image and everything it lacks.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LwpSection {
+    /// The unit's whole state (LWP_CFG, the loaded block with MissedEvents,
+    /// Threshold, intervals, head, and a pending threshold interrupt).
+    pub unit: UnitState,
+    /// The component-62 image of the same state (for tools; checked against
+    /// `unit` on restore).
+    pub component62: Vec<u8>,
+}
+
+/// Encodes a state file: header, then the JSON payload.
+pub fn encode(snapshot: &VmSnapshot) -> Result<Vec<u8>, SnapshotError> {
+    let payload = serde_json::to_vec(snapshot)?;
+    let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    out.extend_from_slice(&CRC.checksum(&payload).to_le_bytes());
+    out.extend_from_slice(&payload);
+    Ok(out)
+}
+
+/// Decodes and checks a state file.
+pub fn decode(bytes: &[u8], path: &Path) -> Result<VmSnapshot, SnapshotError> {
+    if bytes.len() < HEADER_LEN || bytes[..8] != MAGIC {
+        return Err(SnapshotError::BadMagic(path.to_owned()));
+    }
+    let u32_at =
+        |o: usize| u32::from_le_bytes([bytes[o], bytes[o + 1], bytes[o + 2], bytes[o + 3]]);
+    let u64_at = |o: usize| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&bytes[o..o + 8]);
+        u64::from_le_bytes(b)
+    };
+    let version = u32_at(8);
+    if version != FORMAT_VERSION {
+        return Err(SnapshotError::Version { found: version });
+    }
+    let len = u64_at(16);
+    let expected = u64_at(24);
+    let payload = &bytes[HEADER_LEN..];
+    if len > MAX_PAYLOAD || payload.len() as u64 != len {
+        return Err(SnapshotError::Length);
+    }
+    let found = CRC.checksum(payload);
+    if found != expected {
+        return Err(SnapshotError::Checksum { found, expected });
+    }
+    Ok(serde_json::from_slice(payload)?)
+}
+
+/// Writes the state file.
+pub fn write_state(dir: &Path, snapshot: &VmSnapshot) -> Result<u64, SnapshotError> {
+    let path = dir.join(STATE_FILE);
+    let bytes = encode(snapshot)?;
+    std::fs::write(&path, &bytes).map_err(io_err(&path))?;
+    Ok(bytes.len() as u64)
+}
+
+/// Reads and checks the state file.
+pub fn read_state(dir: &Path) -> Result<VmSnapshot, SnapshotError> {
+    let path = dir.join(STATE_FILE);
+    let file = File::open(&path).map_err(io_err(&path))?;
+    let len = file.metadata().map_err(io_err(&path))?.len();
+    if len > MAX_PAYLOAD + HEADER_LEN as u64 {
+        return Err(SnapshotError::Length);
+    }
+    let mut bytes = Vec::with_capacity(len as usize);
+    BufReader::new(file)
+        .read_to_end(&mut bytes)
+        .map_err(io_err(&path))?;
+    decode(&bytes, &path)
+}
+
+/// The RAM layout of `mem`.
+pub fn layout(mem: &GuestMemory) -> Vec<(u64, u64)> {
+    mem.iter()
+        .map(|r| (r.start_addr().raw_value(), r.len()))
+        .collect()
+}
+
+const CHUNK: usize = 1 << 20;
+
+/// Writes guest RAM to the memory file; returns (CRC-64, bytes).
+pub fn write_memory(dir: &Path, mem: &GuestMemory) -> Result<(u64, u64), SnapshotError> {
+    let path = dir.join(MEMORY_FILE);
+    let file = File::create(&path).map_err(io_err(&path))?;
+    let mut out = BufWriter::with_capacity(CHUNK, file);
+    let mut digest = CRC.digest();
+    let mut buf = vec![0u8; CHUNK];
+    let mut total = 0u64;
+    for (start, size) in layout(mem) {
+        let mut done = 0u64;
+        while done < size {
+            let n = (size - done).min(CHUNK as u64) as usize;
+            let chunk = &mut buf[..n];
+            mem.read_slice(chunk, GuestAddress(start + done))
+                .map_err(|e| SnapshotError::Memory(e.to_string()))?;
+            digest.update(chunk);
+            out.write_all(chunk).map_err(io_err(&path))?;
+            done += n as u64;
+        }
+        total += size;
+    }
+    out.flush().map_err(io_err(&path))?;
+    Ok((digest.finalize(), total))
+}
+
+/// Loads the memory file into `mem`, checking its size and CRC-64 against
+/// the recorded layout.
+pub fn read_memory(
+    dir: &Path,
+    mem: &GuestMemory,
+    recorded: &MemoryLayout,
+) -> Result<(), SnapshotError> {
+    if layout(mem) != recorded.regions {
+        return Err(SnapshotError::Memory(
+            "the region layout does not match".into(),
+        ));
+    }
+    let path = dir.join(MEMORY_FILE);
+    let file = File::open(&path).map_err(io_err(&path))?;
+    let total: u64 = recorded.regions.iter().map(|r| r.1).sum();
+    let len = file.metadata().map_err(io_err(&path))?.len();
+    if len != total {
+        return Err(SnapshotError::Memory(format!(
+            "{len} bytes, the layout needs {total}"
+        )));
+    }
+    let mut input = BufReader::with_capacity(CHUNK, file);
+    let mut digest = CRC.digest();
+    let mut buf = vec![0u8; CHUNK];
+    for &(start, size) in &recorded.regions {
+        let mut done = 0u64;
+        while done < size {
+            let n = (size - done).min(CHUNK as u64) as usize;
+            let chunk = &mut buf[..n];
+            input.read_exact(chunk).map_err(io_err(&path))?;
+            digest.update(chunk);
+            mem.write_slice(chunk, GuestAddress(start + done))
+                .map_err(|e| SnapshotError::Memory(e.to_string()))?;
+            done += n as u64;
+        }
+    }
+    let found = digest.finalize();
+    if found != recorded.crc64 {
+        return Err(SnapshotError::Memory(format!(
+            "CRC-64 {found:#018x}, the state file says {:#018x}",
+            recorded.crc64
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> VmSnapshot {
+        VmSnapshot {
+            lwpvmm_version: "test".into(),
+            profile: "emulated".into(),
+            guest: "shim".into(),
+            memory: MemoryLayout {
+                regions: vec![(0, 1 << 20)],
+                crc64: 7,
+            },
+            vm: VmKvmState {
+                pic_master: kvm_irqchip::default(),
+                pic_slave: kvm_irqchip::default(),
+                ioapic: kvm_irqchip::default(),
+                pit: kvm_pit_state2::default(),
+                clock: kvm_clock_data::default(),
+            },
+            serial: SerialSnapshot::default(),
+            vcpus: vec![],
+        }
+    }
+
+    #[test]
+    fn round_trip_and_every_corruption_refused() {
+        let p = Path::new("state.bin");
+        let good = encode(&sample()).unwrap();
+        assert_eq!(decode(&good, p).unwrap().profile, "emulated");
+        type Corrupt = fn(&mut Vec<u8>);
+        let table: [(&str, Corrupt); 5] = [
+            ("magic", |b| b[0] = b'X'),
+            ("version", |b| b[8] = 9),
+            ("length", |b| b[16] ^= 1),
+            ("payload byte", |b| {
+                let last = b.len() - 2;
+                b[last] ^= 0x20;
+            }),
+            ("truncated", |b| b.truncate(20)),
+        ];
+        for (what, corrupt) in table {
+            let mut bad = good.clone();
+            corrupt(&mut bad);
+            let err = decode(&bad, p).expect_err(what);
+            let ok = match what {
+                "magic" | "truncated" => matches!(err, SnapshotError::BadMagic(_)),
+                "version" => matches!(err, SnapshotError::Version { found: 9 }),
+                "length" => matches!(err, SnapshotError::Length),
+                _ => matches!(err, SnapshotError::Checksum { .. }),
+            };
+            assert!(ok, "{what}: {err}");
+        }
+    }
+
+    #[test]
+    fn memory_round_trip_checks_size_and_crc() {
+        let dir = std::env::temp_dir().join(format!("lwpvmm-snap-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mem = GuestMemory::from_ranges(&[(GuestAddress(0), 2 << 20)]).unwrap();
+        mem.write_obj(0xfeed_u64, GuestAddress(0x1234)).unwrap();
+        let (crc64, len) = write_memory(&dir, &mem).unwrap();
+        assert_eq!(len, 2 << 20);
+        let layout = MemoryLayout {
+            regions: super::layout(&mem),
+            crc64,
+        };
+        let fresh = GuestMemory::from_ranges(&[(GuestAddress(0), 2 << 20)]).unwrap();
+        read_memory(&dir, &fresh, &layout).unwrap();
+        assert_eq!(fresh.read_obj::<u64>(GuestAddress(0x1234)).unwrap(), 0xfeed);
+        let bad = MemoryLayout {
+            crc64: crc64 ^ 1,
+            ..layout.clone()
+        };
+        assert!(matches!(
+            read_memory(&dir, &fresh, &bad),
+            Err(SnapshotError::Memory(_))
+        ));
+        let small = GuestMemory::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        assert!(matches!(
+            read_memory(&dir, &small, &layout),
+            Err(SnapshotError::Memory(_))
+        ));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

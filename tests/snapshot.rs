@@ -1,0 +1,233 @@
+//! Snapshots on real KVM: a deterministic LWP workload snapshotted midway
+//! and restored in a new process ends exactly as an uninterrupted run; a
+//! corrupted or mismatched snapshot is refused with a clear message and
+//! nothing runs.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use lwpvmm::lwp::cpuid::LwpProfile;
+use lwpvmm::lwp::unit::LwpUnit;
+use lwpvmm::vmm::snapshot::{self, MEMORY_FILE, STATE_FILE};
+
+const ITERATIONS: &str = "iterations=30000";
+
+fn require_kvm() {
+    assert!(
+        Path::new("/dev/kvm").exists(),
+        "this test boots a VM and needs /dev/kvm, which is missing on this machine"
+    );
+}
+
+fn lwpvmm(args: &[&str]) -> Output {
+    require_kvm();
+    Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
+        .args(args)
+        .output()
+        .expect("run lwpvmm")
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "lwpvmm-snapshot-test-{}-{name}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn digest(out: &Output) -> String {
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find(|l| l.starts_with("replay digest "))
+        .unwrap_or_else(|| {
+            panic!(
+                "no digest in:\n{text}\nstderr:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
+        .to_owned()
+}
+
+fn copy_dir(from: &Path, name: &str) -> PathBuf {
+    let to = scratch(name);
+    for f in [STATE_FILE, MEMORY_FILE] {
+        std::fs::copy(from.join(f), to.join(f)).unwrap();
+    }
+    to
+}
+
+/// Restoring `dir` must fail with status 2, `want` in the message, and no
+/// guest output.
+fn refused(dir: &Path, extra: &[&str], want: &str) {
+    let mut args = vec!["restore", dir.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let out = lwpvmm(&args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{want}: {err}");
+    assert!(err.contains(want), "`{want}` not in: {err}");
+    assert!(
+        out.stdout.is_empty(),
+        "nothing may run: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[test]
+fn snapshot_restore_and_refusals() {
+    let work = scratch("guest");
+    let elf = work.join("replay.elf");
+    std::fs::write(&elf, lwpvmm::guests::get("replay").unwrap()).unwrap();
+    let kernel = elf.to_str().unwrap();
+
+    let plain = lwpvmm(&[
+        "run",
+        "--kernel",
+        kernel,
+        "--memory",
+        "64",
+        "--cmdline",
+        ITERATIONS,
+    ]);
+    assert_eq!(plain.status.code(), Some(1), "{plain:?}");
+
+    let dir = scratch("snap");
+    let snap = dir.to_str().unwrap();
+    let taken = lwpvmm(&[
+        "run",
+        "--kernel",
+        kernel,
+        "--memory",
+        "64",
+        "--cmdline",
+        ITERATIONS,
+        "--snapshot-dir",
+        snap,
+        "--snapshot-after",
+        "200",
+    ]);
+    assert_eq!(taken.status.code(), Some(1), "{taken:?}");
+    assert!(
+        dir.join(STATE_FILE).exists(),
+        "the snapshot was not taken before the guest ended"
+    );
+    assert_eq!(
+        digest(&taken),
+        digest(&plain),
+        "taking a snapshot changes nothing"
+    );
+
+    let restored = lwpvmm(&["restore", snap, "--lwp", "emulated"]);
+    assert_eq!(restored.status.code(), Some(1), "{restored:?}");
+    assert_eq!(
+        digest(&restored),
+        digest(&plain),
+        "same records, none lost or duplicated, same MissedEvents"
+    );
+    let text = String::from_utf8_lossy(&restored.stdout);
+    assert!(
+        !text.contains("replay: step 0\n"),
+        "the restored run resumed midway:\n{text}"
+    );
+
+    // A payload byte flipped: the checksum catches it.
+    let bad = copy_dir(&dir, "crc");
+    let mut bytes = std::fs::read(bad.join(STATE_FILE)).unwrap();
+    let last = bytes.len() - 3;
+    bytes[last] ^= 0x01;
+    std::fs::write(bad.join(STATE_FILE), &bytes).unwrap();
+    refused(&bad, &[], "corrupt");
+
+    // An unknown format version.
+    let bad = copy_dir(&dir, "version");
+    let mut bytes = std::fs::read(bad.join(STATE_FILE)).unwrap();
+    bytes[8] = 2;
+    std::fs::write(bad.join(STATE_FILE), &bytes).unwrap();
+    refused(&bad, &[], "format version 2");
+
+    // The caller expects another profile.
+    refused(
+        &dir,
+        &["--lwp", "bulldozer"],
+        "taken with LWP profile `emulated`",
+    );
+
+    // The profile edited (with a valid checksum): the CPUID tables no
+    // longer match what this host gives that profile.
+    let bad = copy_dir(&dir, "profile");
+    let mut state = snapshot::read_state(&bad).unwrap();
+    state.profile = "precise".into();
+    snapshot::write_state(&bad, &state).unwrap();
+    refused(&bad, &[], "CPUID table differs");
+
+    // The LWP section's LWPCB moved outside guest RAM.
+    let bad = copy_dir(&dir, "lwpcb");
+    let mut state = snapshot::read_state(&bad).unwrap();
+    let caps = LwpProfile::Emulated.caps().unwrap();
+    let lwp = state.vcpus[0].lwp.as_mut().expect("LWP section");
+    let block = lwp.unit.block.as_mut().expect("LWP was on at the snapshot");
+    block.address = 0x7f00_0000_0000;
+    lwp.component62 = LwpUnit::from_state(caps, &lwp.unit)
+        .unwrap()
+        .save_xsave()
+        .to_bytes()
+        .to_vec();
+    snapshot::write_state(&bad, &state).unwrap();
+    refused(&bad, &[], "not in guest RAM");
+
+    // The memory file cut short.
+    let bad = copy_dir(&dir, "memory");
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(bad.join(MEMORY_FILE))
+        .unwrap();
+    file.set_len(1 << 20).unwrap();
+    refused(&bad, &[], "memory file is corrupt");
+
+    // No snapshot there at all.
+    refused(&work, &[], "state.bin");
+
+    for d in [
+        "guest", "snap", "crc", "version", "profile", "lwpcb", "memory",
+    ] {
+        let _ = std::fs::remove_dir_all(
+            std::env::temp_dir().join(format!("lwpvmm-snapshot-test-{}-{d}", std::process::id())),
+        );
+    }
+}
+
+#[test]
+fn sigusr2_takes_a_snapshot_while_running() {
+    require_kvm();
+    let work = scratch("usr2");
+    let elf = work.join("replay.elf");
+    std::fs::write(&elf, lwpvmm::guests::get("replay").unwrap()).unwrap();
+    let dir = work.join("snap");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
+        .args([
+            "run",
+            "--kernel",
+            elf.to_str().unwrap(),
+            "--memory",
+            "32",
+            "--cmdline",
+            ITERATIONS,
+        ])
+        .args(["--snapshot-dir", dir.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let sent = Command::new("kill")
+        .args(["-USR2", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(1), "the VM ran on to its end");
+    assert!(dir.join(STATE_FILE).exists(), "SIGUSR2 wrote a snapshot");
+    let state = snapshot::read_state(&dir).unwrap();
+    assert_eq!(state.memory.regions, vec![(0, 32 << 20)]);
+    let _ = std::fs::remove_dir_all(work);
+}
