@@ -34,6 +34,7 @@ fn round_trips() {
         guest: GuestLwpSupport::Shim,
         serial: SerialOut::Capture(Arc::clone(&console)),
         snapshots: vm::SnapshotPlan::default(),
+        seccomp: true,
     };
     let outcome = vm::run(&config).expect("round-trip guest");
     assert_eq!(outcome.exit_value, 0);

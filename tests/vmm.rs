@@ -48,6 +48,7 @@ fn boot_with(
         guest,
         serial: SerialOut::Capture(Arc::clone(&console)),
         snapshots: vm::SnapshotPlan::default(),
+        seccomp: true,
     };
     let outcome = vm::run(&config).unwrap_or_else(|e| panic!("guest {name}: {e}"));
     let text = String::from_utf8_lossy(&console.lock().unwrap()).into_owned();

@@ -87,6 +87,9 @@ pub struct RunArgs {
     /// Snapshot options.
     #[command(flatten)]
     pub snapshot: SnapshotArgs,
+    /// Run without seccomp filters (they are on by default).
+    #[arg(long)]
+    pub no_seccomp: bool,
 }
 
 /// Snapshot options of `run` and `restore`.
@@ -128,6 +131,9 @@ pub struct RestoreArgs {
     /// Snapshot options for the restored VM.
     #[command(flatten)]
     pub snapshot: SnapshotArgs,
+    /// Run without seccomp filters (they are on by default).
+    #[arg(long)]
+    pub no_seccomp: bool,
 }
 
 /// `--lwp` values.
@@ -229,6 +235,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
                 guest: args.guest.into(),
                 serial,
                 snapshots: (&args.snapshot).into(),
+                seccomp: !args.no_seccomp,
             };
             let outcome = vm::run(&config)?;
             finish(&outcome, args.metrics.as_ref())
@@ -239,6 +246,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
                 serial: serial_out(&args.serial),
                 profile: args.lwp.map(Into::into),
                 snapshots: (&args.snapshot).into(),
+                seccomp: !args.no_seccomp,
             };
             let outcome = vm::restore(&config)?;
             finish(&outcome, args.metrics.as_ref())
@@ -300,6 +308,7 @@ fn demo(out: &mut dyn Write, profile: LwpProfile) -> Result<u8, CliError> {
         guest: GuestLwpSupport::Shim,
         serial: SerialOut::Capture(Arc::clone(&console)),
         snapshots: SnapshotPlan::default(),
+        seccomp: true,
     };
     let started = std::time::Instant::now();
     let outcome = vm::run(&config)?;

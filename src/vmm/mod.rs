@@ -8,6 +8,7 @@ pub mod lwp_insn;
 pub mod metrics;
 pub mod pause;
 pub mod ratelimit;
+pub mod seccomp;
 pub mod snapshot;
 pub mod vcpu;
 pub mod vcpu_state;

@@ -86,6 +86,9 @@ pub enum VcpuError {
         /// The instruction bytes, when KVM gave them.
         bytes: String,
     },
+    /// The vCPU thread's seccomp filter could not be installed.
+    #[error("vCPU thread: {0}")]
+    Seccomp(#[from] super::seccomp::SeccompError),
     /// The guest triple-faulted or KVM shut it down.
     #[error("vCPU {vcpu}: the guest shut down (triple fault or KVM shutdown) at RIP {rip:#x}")]
     Shutdown {

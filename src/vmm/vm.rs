@@ -34,6 +34,7 @@ use super::cpuid;
 use super::devices::{PortBus, SERIAL_IRQ, SerialOut};
 use super::metrics::Metrics;
 use super::pause::PauseGate;
+use super::seccomp::{self, ThreadKind};
 use super::snapshot::{self, MemoryLayout, SnapshotError, VcpuSnapshot, VmKvmState, VmSnapshot};
 use super::vcpu::{MAXPHYADDR, Shared, Vcpu, VcpuError, VcpuStop, kick_handler};
 use super::vcpu_state::{self, VcpuStateError};
@@ -66,6 +67,8 @@ pub struct VmConfig {
     pub serial: SerialOut,
     /// When and where to take snapshots.
     pub snapshots: SnapshotPlan,
+    /// Run the vCPU and control threads under seccomp filters.
+    pub seccomp: bool,
 }
 
 /// When and where a running VM writes snapshots.
@@ -262,7 +265,7 @@ pub fn run(config: &VmConfig) -> Result<RunOutcome, VmError> {
         .set_sregs(&sregs)
         .map_err(setup("KVM_SET_SREGS"))?;
     boot_vcpu.set_regs(&regs).map_err(setup("KVM_SET_REGS"))?;
-    run_machine(machine, &config.snapshots)
+    run_machine(machine, &config.snapshots, config.seccomp)
 }
 
 /// Options of `lwpvmm restore`.
@@ -277,6 +280,8 @@ pub struct RestoreConfig {
     pub profile: Option<LwpProfile>,
     /// Snapshots to take from the restored VM.
     pub snapshots: SnapshotPlan,
+    /// Run the vCPU and control threads under seccomp filters.
+    pub seccomp: bool,
 }
 
 /// Restores a snapshot and runs the VM to its end. Everything in the
@@ -342,7 +347,7 @@ pub fn restore(config: &RestoreConfig) -> Result<RunOutcome, VmError> {
         config.dir.display(),
         started.elapsed().as_secs_f64() * 1e3
     );
-    run_machine(machine, &config.snapshots)
+    run_machine(machine, &config.snapshots, config.seccomp)
 }
 
 /// Refuses a snapshot whose CPUID tables differ from what this host gives
@@ -687,7 +692,11 @@ impl Snapshotter<'_> {
     }
 }
 
-fn run_machine(machine: Machine, plan: &SnapshotPlan) -> Result<RunOutcome, VmError> {
+fn run_machine(
+    machine: Machine,
+    plan: &SnapshotPlan,
+    seccomp: bool,
+) -> Result<RunOutcome, VmError> {
     register_signal_handler(SIGRTMIN(), kick_handler)
         .map_err(|e| VmError::Io("kick signal", e.into()))?;
     let Machine {
@@ -723,7 +732,10 @@ fn run_machine(machine: Machine, plan: &SnapshotPlan) -> Result<RunOutcome, VmEr
         let handle = thread::Builder::new()
             .name("lwpvmm-vcpu".into())
             .spawn(move || {
-                let result = vcpu.run_loop(&shared);
+                let result = match seccomp.then(|| seccomp::install(ThreadKind::Vcpu)) {
+                    Some(Err(e)) => Err(VcpuError::Seccomp(e)),
+                    _ => vcpu.run_loop(&shared),
+                };
                 shared.stop.store(true, Ordering::Release);
                 let _ = exit.write(1);
                 (result, vcpu.unit().map(LwpUnit::stats).unwrap_or_default())
@@ -732,106 +744,168 @@ fn run_machine(machine: Machine, plan: &SnapshotPlan) -> Result<RunOutcome, VmEr
         handles.push(handle);
     }
 
-    let timer = match (&plan.dir, plan.after) {
-        (Some(_), Some(after)) => {
-            let mut t = TimerFd::new().map_err(|e| VmError::Io("snapshot timer", e.into()))?;
-            t.reset(after.max(Duration::from_millis(1)), None)
-                .map_err(|e| VmError::Io("snapshot timer", e.into()))?;
-            Some(t)
-        }
-        _ => None,
-    };
-    let sigusr2 = match &plan.dir {
-        Some(_) => {
-            let (reader, writer) =
-                UnixStream::pair().map_err(|e| VmError::Io("SIGUSR2 pipe", e))?;
-            reader
-                .set_nonblocking(true)
-                .map_err(|e| VmError::Io("SIGUSR2 pipe", e))?;
-            signal_hook::low_level::pipe::register(signal_hook::consts::SIGUSR2, writer)
-                .map_err(|e| VmError::Io("SIGUSR2 handler", e))?;
-            Some(reader)
-        }
-        None => None,
-    };
-    let mut manager = EventManager::<Arc<Mutex<dyn MutEventSubscriber + Send>>>::new()
-        .map_err(event_error("event manager"))?;
-    let control = Arc::new(Mutex::new(Control {
-        exit: exit
-            .try_clone()
-            .map_err(|e| VmError::Io("exit eventfd", e))?,
-        stdin: stdin_is_terminal().then(std::io::stdin),
-        bus: Arc::clone(&bus),
-        timer,
-        sigusr2,
-        snapshot_due: false,
-        done: false,
-    }));
-    manager.add_subscriber(control.clone());
-    let snapshotter = plan.dir.as_deref().map(|dir| Snapshotter {
-        dir,
-        vm: &vm,
-        mem: &mem,
-        bus: &bus,
-        pause: &pause,
-        stop: &stop,
+    let control = ControlThread {
+        vm,
+        mem,
+        bus,
+        pause,
+        stop,
+        metrics,
+        exit,
+        handles,
+        plan: plan.clone(),
         profile,
         guest,
-    });
-    loop {
-        let (done, due) = control.lock().map_or((true, false), |mut c| {
-            (c.done, std::mem::take(&mut c.snapshot_due))
-        });
-        if done {
-            break;
-        }
-        if let (true, Some(snap)) = (due, &snapshotter) {
-            let started = Instant::now();
-            pause.request();
-            for h in &handles {
-                let _ = h.kill(SIGRTMIN());
-            }
-            match snap.take() {
-                Ok((state, memory)) => {
-                    metrics.snapshots.fetch_add(1, Ordering::Relaxed);
-                    log::info!(
-                        "snapshot written to {} in {:.1} ms ({state} bytes of state, {memory} bytes of memory)",
-                        snap.dir.display(),
-                        started.elapsed().as_secs_f64() * 1e3
-                    );
-                }
-                Err(e) => log::error!("snapshot to {} failed: {e}", snap.dir.display()),
-            }
-            continue;
-        }
-        manager.run().map_err(event_error("event loop"))?;
-    }
+    };
+    thread::Builder::new()
+        .name("lwpvmm-ctl".into())
+        .spawn(move || control.run(seccomp))
+        .map_err(|e| VmError::Io("spawning the control thread", e))?
+        .join()
+        .map_err(|_| VmError::Io("control thread", std::io::Error::other("panicked")))?
+}
 
-    stop.store(true, Ordering::Release);
-    for h in &handles {
-        let _ = h.kill(SIGRTMIN());
-    }
-    let mut first: Option<Result<u8, VmError>> = None;
-    let mut lwp = Vec::new();
-    for (id, h) in handles.into_iter().enumerate() {
-        let (result, stats) = h.join().map_err(|_| VmError::Panicked(id as u8))?;
-        lwp.push(stats);
-        let r = match result {
-            Ok(VcpuStop::ExitPort(v)) => Some(Ok(v)),
-            Ok(VcpuStop::Stopped) => None,
-            Err(e) => Some(Err(VmError::from(e))),
+/// The control thread's share of a running VM.
+struct ControlThread {
+    vm: Arc<VmFd>,
+    mem: Arc<GuestMemory>,
+    bus: Arc<Mutex<PortBus>>,
+    pause: Arc<PauseGate>,
+    stop: Arc<AtomicBool>,
+    metrics: Arc<Metrics>,
+    exit: EventFd,
+    handles: Vec<thread::JoinHandle<VcpuThreadResult>>,
+    plan: SnapshotPlan,
+    profile: LwpProfile,
+    guest: GuestLwpSupport,
+}
+
+/// What a vCPU thread hands back.
+type VcpuThreadResult = (Result<VcpuStop, VcpuError>, UnitStats);
+
+impl ControlThread {
+    /// The event loop, snapshots, and the shutdown of every vCPU thread. The
+    /// seccomp filter goes on once the loop's descriptors exist.
+    fn run(self, seccomp: bool) -> Result<RunOutcome, VmError> {
+        let ControlThread {
+            vm,
+            mem,
+            bus,
+            pause,
+            stop,
+            metrics,
+            exit,
+            handles,
+            plan,
+            profile,
+            guest,
+        } = self;
+        let plan = &plan;
+        let timer = match (&plan.dir, plan.after) {
+            (Some(_), Some(after)) => {
+                let mut t = TimerFd::new().map_err(|e| VmError::Io("snapshot timer", e.into()))?;
+                t.reset(after.max(Duration::from_millis(1)), None)
+                    .map_err(|e| VmError::Io("snapshot timer", e.into()))?;
+                Some(t)
+            }
+            _ => None,
         };
-        if first.is_none() {
-            first = r;
+        let sigusr2 = match &plan.dir {
+            Some(_) => {
+                let (reader, writer) =
+                    UnixStream::pair().map_err(|e| VmError::Io("SIGUSR2 pipe", e))?;
+                reader
+                    .set_nonblocking(true)
+                    .map_err(|e| VmError::Io("SIGUSR2 pipe", e))?;
+                signal_hook::low_level::pipe::register(signal_hook::consts::SIGUSR2, writer)
+                    .map_err(|e| VmError::Io("SIGUSR2 handler", e))?;
+                Some(reader)
+            }
+            None => None,
+        };
+        let mut manager = EventManager::<Arc<Mutex<dyn MutEventSubscriber + Send>>>::new()
+            .map_err(event_error("event manager"))?;
+        let control = Arc::new(Mutex::new(Control {
+            exit: exit
+                .try_clone()
+                .map_err(|e| VmError::Io("exit eventfd", e))?,
+            stdin: stdin_is_terminal().then(std::io::stdin),
+            bus: Arc::clone(&bus),
+            timer,
+            sigusr2,
+            snapshot_due: false,
+            done: false,
+        }));
+        manager.add_subscriber(control.clone());
+        if seccomp {
+            seccomp::install(ThreadKind::Control)
+                .map_err(|e| VmError::Io("seccomp", std::io::Error::other(e.to_string())))?;
         }
+        let snapshotter = plan.dir.as_deref().map(|dir| Snapshotter {
+            dir,
+            vm: &vm,
+            mem: &mem,
+            bus: &bus,
+            pause: &pause,
+            stop: &stop,
+            profile,
+            guest,
+        });
+        loop {
+            let (done, due) = control.lock().map_or((true, false), |mut c| {
+                (c.done, std::mem::take(&mut c.snapshot_due))
+            });
+            if done {
+                break;
+            }
+            if let (true, Some(snap)) = (due, &snapshotter) {
+                let started = Instant::now();
+                pause.request();
+                for h in &handles {
+                    let _ = h.kill(SIGRTMIN());
+                }
+                match snap.take() {
+                    Ok((state, memory)) => {
+                        metrics.snapshots.fetch_add(1, Ordering::Relaxed);
+                        log::info!(
+                            "snapshot written to {} in {:.1} ms ({state} bytes of state, {memory} bytes of memory)",
+                            snap.dir.display(),
+                            started.elapsed().as_secs_f64() * 1e3
+                        );
+                    }
+                    Err(e) => log::error!("snapshot to {} failed: {e}", snap.dir.display()),
+                }
+                continue;
+            }
+            manager.run().map_err(event_error("event loop"))?;
+        }
+
+        stop.store(true, Ordering::Release);
+        for h in &handles {
+            let _ = h.kill(SIGRTMIN());
+        }
+        let mut first: Option<Result<u8, VmError>> = None;
+        let mut lwp = Vec::new();
+        for (id, h) in handles.into_iter().enumerate() {
+            let (result, stats) = h.join().map_err(|_| VmError::Panicked(id as u8))?;
+            lwp.push(stats);
+            let r = match result {
+                Ok(VcpuStop::ExitPort(v)) => Some(Ok(v)),
+                Ok(VcpuStop::Stopped) => None,
+                Err(e) => Some(Err(VmError::from(e))),
+            };
+            if first.is_none() {
+                first = r;
+            }
+        }
+        if let Ok(mut b) = bus.lock() {
+            b.flush();
+        }
+        let exit_value = first.unwrap_or(Ok(0))?;
+        Ok(RunOutcome {
+            exit_value,
+            metrics: metrics.to_json(),
+            lwp,
+        })
     }
-    if let Ok(mut b) = bus.lock() {
-        b.flush();
-    }
-    let exit_value = first.unwrap_or(Ok(0))?;
-    Ok(RunOutcome {
-        exit_value,
-        metrics: metrics.to_json(),
-        lwp,
-    })
 }
