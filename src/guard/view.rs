@@ -29,7 +29,10 @@ impl<'a> GuestView<'a> {
         &self.paging
     }
 
-    /// Translates one address for `access`, without marking any entry.
+    /// Translates one address for `access`, without marking any entry. This
+    /// is the page walk alone: whether the result is guest RAM is what
+    /// [`check`](Self::check), [`read`](Self::read) and [`write`](Self::write)
+    /// add.
     pub fn translate(&self, address: u64, access: Access) -> Result<u64, GuardError> {
         let t = translate(self.mem, &self.paging, address, access, Marking::Probe)?;
         Ok(t.gpa)
