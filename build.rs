@@ -23,6 +23,8 @@ const GUESTS: &[&str] = &[
     "smp",
     "twotask",
     "replay",
+    "hostile",
+    "pt_race",
 ];
 
 const CFLAGS: &[&str] = &[

@@ -46,14 +46,21 @@ fn main() {
     ];
     let (mut passed, mut failed) = (0, 0);
     for (which, want) in cases {
-        let out = Command::new(&me).env(PROBE, which).output().expect("run probe");
+        let out = Command::new(&me)
+            .env(PROBE, which)
+            .output()
+            .expect("run probe");
         let got = match (out.status.code(), out.status.signal()) {
             (Some(code), _) => Ok(code),
             (None, Some(sig)) => Err(sig),
             _ => Err(-1),
         };
-        let ok = got == want && (want.is_err() || String::from_utf8_lossy(&out.stdout).contains("alive"));
-        println!("{} {which}: {got:?}, want {want:?}", if ok { "ok" } else { "FAILED" });
+        let ok = got == want
+            && (want.is_err() || String::from_utf8_lossy(&out.stdout).contains("alive"));
+        println!(
+            "{} {which}: {got:?}, want {want:?}",
+            if ok { "ok" } else { "FAILED" }
+        );
         if ok {
             passed += 1;
         } else {

@@ -196,6 +196,46 @@ fn two_tasks_keep_their_own_records_across_switches() {
     assert_eq!(outcome.lwp[0].records_missed, 0);
 }
 
+#[test]
+fn hostile_guest_gets_nowhere() {
+    let outcome = passes("hostile", LwpProfile::Emulated);
+    assert_eq!(
+        metric(&outcome, "lwp_interrupts_suppressed"),
+        50,
+        "an interrupt storm on an exception vector"
+    );
+    assert_eq!(metric(&outcome, "lwp_interrupts"), 0);
+    assert_eq!(
+        metric(&outcome, "ud_not_lwp"),
+        3,
+        "bogus frame, no #UD, CPL3 doorbell"
+    );
+    assert_eq!(metric(&outcome, "lwp_state_calls"), 3);
+    assert!(metric(&outcome, "llwpcb") >= 4000, "LLWPCB storm");
+}
+
+#[test]
+fn page_tables_changed_by_another_vcpu_are_rechecked() {
+    let (outcome, text) = boot_with(
+        "pt_race",
+        LwpProfile::Emulated,
+        GuestLwpSupport::Shim,
+        "",
+        2,
+    );
+    assert!(
+        outcome.exit_value == 0 && text.contains("5 passed, 0 failed"),
+        "exit value {:#x}:\n{text}",
+        outcome.exit_value
+    );
+    let unit = outcome.lwp[0];
+    assert_eq!(unit.records_stored + unit.records_missed, 400);
+    assert_eq!(
+        unit.records_missed, unit.store_faults,
+        "every miss is a refused store"
+    );
+}
+
 /// Writes an embedded guest to a file of its own (tests run in parallel).
 fn guest_file(name: &str) -> PathBuf {
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);

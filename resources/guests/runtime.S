@@ -367,6 +367,8 @@ gdt_desc:
         .quad 0
         .word 0
         .word 104                       /* I/O map base: right after */
+        .globl \name\()_iomap
+\name\()_iomap:
         /* Ports 0x000-0x3ff: allow 0x80, 0xf4 and 0x3f8-0x3ff, deny the
          * rest. */
         .fill 16, 1, 0xff
