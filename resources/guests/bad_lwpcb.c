@@ -13,19 +13,10 @@ struct lwpcb *const good = (struct lwpcb *)GOOD_CB;
 
 static void llwpcb_expect(const char *what, u64 addr, u64 vector, u64 error, u64 cr2)
 {
-    u64 faults = fault_count;
-    /* The fault handler resumes at label 1. */
-    __asm__ volatile("lea 1f(%%rip), %%rax\n"
-                     "mov %%rax, fault_resume(%%rip)\n"
-                     "llwpcb %0\n"
-                     "1: movq $0, fault_resume(%%rip)"
-                     :
-                     : "r"(addr)
-                     : "rax", "memory");
     puts("# ");
     puts(what);
     putc('\n');
-    check_eq(fault_count - faults, 1, "llwpcb faults");
+    check_eq(llwpcb_faults(addr), 1, "llwpcb faults");
     check_eq(fault_vector, vector, "fault vector");
     check_eq(fault_error, error, "error code");
     if (vector == 14)

@@ -1,4 +1,4 @@
-/* CPL0 part of the hostile guest: bad window pages as in bad_lwpcb.S, a
+/* CPL0 part of the hostile guest: the runtime's bad window pages, a
  * threshold vector in the exception range, and paravirtual calls made the
  * wrong way. Results go to pv_results for the CPL3 part to check:
  *   [0] RFLAGS after a #UD doorbell with RSP on an unmapped page
@@ -11,15 +11,7 @@
         .text
         .globl kernel_hook
 kernel_hook:
-        andq    $~4, window_pt + 0 * 8          /* W0: supervisor-only */
-        andq    $~2, window_pt + 1 * 8          /* W1: read-only */
-        movq    $0, window_pt + 2 * 8           /* W2: not present */
-        mov     $0x3fff007, %eax                /* W5: the last page of RAM */
-        mov     %rax, window_pt + 5 * 8
-        mov     $0x4000007, %eax                /* W6: past the end of RAM */
-        mov     %rax, window_pt + 6 * 8
-        mov     %cr3, %rax
-        mov     %rax, %cr3
+        call    bad_window_pages
 
         /* LWP_CFG: INT on an exception vector (0x10), CoreId 0. */
         mov     $0xc0000105, %ecx

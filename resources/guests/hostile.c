@@ -14,18 +14,10 @@ extern u64 pv_results[4];
 
 static void llwpcb_expect(const char *what, u64 addr, u64 vector)
 {
-    u64 faults = fault_count;
-    __asm__ volatile("lea 1f(%%rip), %%rax\n"
-                     "mov %%rax, fault_resume(%%rip)\n"
-                     "llwpcb %0\n"
-                     "1: movq $0, fault_resume(%%rip)"
-                     :
-                     : "r"(addr)
-                     : "rax", "memory");
     puts("# ");
     puts(what);
     putc('\n');
-    check_eq(fault_count - faults, 1, "llwpcb faults");
+    check_eq(llwpcb_faults(addr), 1, "llwpcb faults");
     check_eq(fault_vector, vector, "with the documented vector");
 }
 

@@ -129,3 +129,17 @@ u64 cmdline_number(const char *key, u64 fallback)
     }
     return fallback;
 }
+
+u64 llwpcb_faults(u64 addr)
+{
+    u64 faults = fault_count;
+    /* The fault handler resumes at label 1. */
+    __asm__ volatile("lea 1f(%%rip), %%rax\n"
+                     "mov %%rax, fault_resume(%%rip)\n"
+                     "llwpcb %0\n"
+                     "1: movq $0, fault_resume(%%rip)"
+                     :
+                     : "r"(addr)
+                     : "rax", "memory");
+    return fault_count - faults;
+}

@@ -28,6 +28,10 @@ void *memset(void *d, int c, unsigned long n);
 void *memcpy(void *d, const void *s, unsigned long n);
 const struct cpuid_entry *cpuid_of(u32 leaf);
 
+/* Runs LLWPCB on `addr` with the fault recorder armed; returns how many
+ * faults it raised (fault_vector, fault_error, fault_cr2 hold the last). */
+u64 llwpcb_faults(u64 addr);
+
 /* TAP-like checks: every check prints one line; done() prints the totals
  * and returns the exit value (0 when everything passed). */
 void check(int ok, const char *what);

@@ -152,6 +152,24 @@ set_gate:
 kernel_hook:
         ret
 
+/* Turns window pages into bad places for LWP tests (64 MiB of RAM assumed):
+ * W0 supervisor-only, W1 read-only, W2 not present, W3 the IOAPIC (MMIO
+ * hole), W5 the last page of RAM, W6 just past the end of RAM. */
+        .globl bad_window_pages
+bad_window_pages:
+        andq    $~4, window_pt + 0 * 8
+        andq    $~2, window_pt + 1 * 8
+        movq    $0, window_pt + 2 * 8
+        mov     $0xfec00007, %eax
+        mov     %rax, window_pt + 3 * 8
+        mov     $0x3fff007, %eax
+        mov     %rax, window_pt + 5 * 8
+        mov     $0x4000007, %eax
+        mov     %rax, window_pt + 6 * 8
+        mov     %cr3, %rax
+        mov     %rax, %cr3
+        ret
+
 /* #UD: the paravirtual LWP shim. The doorbell is the first instruction, so
  * every general register still holds the interrupted context. The VMM
  * answers in RFLAGS.CF: clear = handled (frame updated), set = not an LWP

@@ -78,23 +78,23 @@ pub struct RunArgs {
     /// does not (CPUID 0x8000001C.EAX = 0 and LWP instructions #UD).
     #[arg(long, value_enum, default_value_t = GuestArg::Shim)]
     pub guest: GuestArg,
+    /// Console, metrics, snapshots, seccomp.
+    #[command(flatten)]
+    pub host: HostArgs,
+}
+
+/// Host-side options of `run` and `restore`.
+#[derive(Debug, clap::Args)]
+pub struct HostArgs {
     /// Where the serial console goes: `stdout` or a file path.
     #[arg(long, default_value = "stdout")]
     pub serial: String,
     /// Write the run's counters as JSON to this file.
     #[arg(long)]
     pub metrics: Option<PathBuf>,
-    /// Snapshot options.
-    #[command(flatten)]
-    pub snapshot: SnapshotArgs,
     /// Run without seccomp filters (they are on by default).
     #[arg(long)]
     pub no_seccomp: bool,
-}
-
-/// Snapshot options of `run` and `restore`.
-#[derive(Debug, clap::Args)]
-pub struct SnapshotArgs {
     /// Directory for snapshots (state.bin and memory.bin). With it, SIGUSR2
     /// takes a snapshot while the VM runs; the VM continues afterwards.
     #[arg(long)]
@@ -105,8 +105,8 @@ pub struct SnapshotArgs {
     pub snapshot_after: Option<u64>,
 }
 
-impl From<&SnapshotArgs> for SnapshotPlan {
-    fn from(a: &SnapshotArgs) -> Self {
+impl From<&HostArgs> for SnapshotPlan {
+    fn from(a: &HostArgs) -> Self {
         SnapshotPlan {
             dir: a.snapshot_dir.clone(),
             after: a.snapshot_after.map(std::time::Duration::from_millis),
@@ -122,18 +122,9 @@ pub struct RestoreArgs {
     /// Refuse the snapshot unless it was taken with this LWP profile.
     #[arg(long, value_enum)]
     pub lwp: Option<ProfileArg>,
-    /// Where the serial console goes: `stdout` or a file path.
-    #[arg(long, default_value = "stdout")]
-    pub serial: String,
-    /// Write the run's counters as JSON to this file.
-    #[arg(long)]
-    pub metrics: Option<PathBuf>,
-    /// Snapshot options for the restored VM.
+    /// Console, metrics, snapshots of the restored VM, seccomp.
     #[command(flatten)]
-    pub snapshot: SnapshotArgs,
-    /// Run without seccomp filters (they are on by default).
-    #[arg(long)]
-    pub no_seccomp: bool,
+    pub host: HostArgs,
 }
 
 /// `--lwp` values.
@@ -220,7 +211,7 @@ fn read(what: &'static str, path: &PathBuf) -> Result<Vec<u8>, CliError> {
 pub fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
     match cli.command {
         Command::Run(args) => {
-            let serial = serial_out(&args.serial);
+            let serial = serial_out(&args.host.serial);
             let config = VmConfig {
                 kernel: read("kernel", &args.kernel)?,
                 initramfs: args
@@ -234,22 +225,22 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
                 profile: args.lwp.into(),
                 guest: args.guest.into(),
                 serial,
-                snapshots: (&args.snapshot).into(),
-                seccomp: !args.no_seccomp,
+                snapshots: (&args.host).into(),
+                seccomp: !args.host.no_seccomp,
             };
             let outcome = vm::run(&config)?;
-            finish(&outcome, args.metrics.as_ref())
+            finish(&outcome, args.host.metrics.as_ref())
         }
         Command::Restore(args) => {
             let config = RestoreConfig {
                 dir: args.dir.clone(),
-                serial: serial_out(&args.serial),
+                serial: serial_out(&args.host.serial),
                 profile: args.lwp.map(Into::into),
-                snapshots: (&args.snapshot).into(),
-                seccomp: !args.no_seccomp,
+                snapshots: (&args.host).into(),
+                seccomp: !args.host.no_seccomp,
             };
             let outcome = vm::restore(&config)?;
-            finish(&outcome, args.metrics.as_ref())
+            finish(&outcome, args.host.metrics.as_ref())
         }
         Command::Demo { lwp } => demo(out, lwp.into()),
         Command::Cpuid { lwp, guest, json } => {

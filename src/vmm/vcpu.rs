@@ -53,6 +53,11 @@ const KVM_INTERNAL_ERROR_EMULATION_FLAG_INSTRUCTION_BYTES: u64 = 1;
 /// The guest physical-address width lwpvmm assumes for page walks.
 pub const MAXPHYADDR: u8 = 48;
 
+/// The paging a vCPU's special registers describe.
+pub fn paging_of(sregs: &kvm_sregs) -> Result<Paging, crate::guard::GuardError> {
+    Paging::from_regs(sregs.cr0, sregs.cr3, sregs.cr4, sregs.efer, MAXPHYADDR)
+}
+
 /// Why a vCPU stopped the VM with an error.
 #[derive(Debug, Error)]
 pub enum VcpuError {
@@ -186,6 +191,13 @@ impl Vcpu {
     /// Replaces the LWP unit (restoring a snapshot).
     pub fn set_unit(&mut self, unit: Option<LwpUnit>) {
         self.unit = unit;
+    }
+
+    /// Hands `regs` to KVM through the sync-regs area, applied at the next
+    /// KVM_RUN (no ioctl).
+    fn commit_regs(&mut self, regs: kvm_regs) {
+        self.fd.sync_regs_mut().regs = regs;
+        self.fd.set_sync_dirty_reg(SyncReg::Register);
     }
 
     /// Saves this vCPU's state (KVM and LWP) and parks until the snapshot
@@ -378,8 +390,7 @@ impl Vcpu {
                 regs.rflags |= RFLAGS_CF;
             }
         }
-        self.fd.sync_regs_mut().regs = regs;
-        self.fd.set_sync_dirty_reg(SyncReg::Register);
+        self.commit_regs(regs);
         Ok(())
     }
 
@@ -407,8 +418,7 @@ impl Vcpu {
             Some(GuestFault::PageFault { address, .. }) => address,
             _ => 0,
         };
-        self.fd.sync_regs_mut().regs = regs;
-        self.fd.set_sync_dirty_reg(SyncReg::Register);
+        self.commit_regs(regs);
     }
 
     fn state_call(
@@ -423,8 +433,7 @@ impl Vcpu {
         let Some(unit) = self.unit.as_mut() else {
             return (StateStatus::NoLwp, None);
         };
-        let Ok(paging) = Paging::from_regs(sregs.cr0, sregs.cr3, sregs.cr4, sregs.efer, MAXPHYADDR)
-        else {
+        let Ok(paging) = paging_of(sregs) else {
             return (StateStatus::BadCall, None);
         };
         let mut view = GuestView::new(&shared.mem, paging);
@@ -472,8 +481,7 @@ impl Vcpu {
         if sregs.cs.dpl != 0 {
             return Err(Some("doorbell rung from CPL3".into()));
         }
-        let paging = Paging::from_regs(sregs.cr0, sregs.cr3, sregs.cr4, sregs.efer, MAXPHYADDR)
-            .map_err(|e| Some(e.to_string()))?;
+        let paging = paging_of(sregs).map_err(|e| Some(e.to_string()))?;
         let mut view = GuestView::new(&shared.mem, paging);
         let mut frame = Frame::default();
         view.read(regs.rsp, frame.as_mut_slice(), Access::SupervisorRead)
@@ -520,8 +528,7 @@ impl Vcpu {
     ) -> Result<(), VcpuError> {
         let id = self.id;
         let unwound = (|| {
-            let paging =
-                Paging::from_regs(sregs.cr0, sregs.cr3, sregs.cr4, sregs.efer, MAXPHYADDR).ok()?;
+            let paging = paging_of(&sregs).ok()?;
             let view = GuestView::new(&shared.mem, paging);
             let mut frame = Frame::default();
             view.read(regs.rsp, frame.as_mut_slice(), Access::SupervisorRead)
@@ -536,8 +543,7 @@ impl Vcpu {
                 "vCPU {id}: cannot unwind the #UD frame to deliver {fault}"
             );
             regs.rflags |= RFLAGS_CF;
-            self.fd.sync_regs_mut().regs = regs;
-            self.fd.set_sync_dirty_reg(SyncReg::Register);
+            self.commit_regs(regs);
             return Ok(());
         };
         regs.rip = frame.rip;
@@ -603,7 +609,7 @@ impl Vcpu {
             && flags & KVM_INTERNAL_ERROR_EMULATION_FLAG_INSTRUCTION_BYTES != 0;
         let len = usize::from(size).min(MAX_INSN_LEN);
         if has_bytes && len > 0 {
-            let paging = Paging::from_regs(sregs.cr0, sregs.cr3, sregs.cr4, sregs.efer, MAXPHYADDR);
+            let paging = paging_of(&sregs);
             if let Ok(paging) = paging {
                 let mut view = GuestView::new(&shared.mem, paging);
                 let tsc = self.guest_tsc();
@@ -625,8 +631,7 @@ impl Vcpu {
                         regs.rsp = rsp;
                         regs.rflags = rflags;
                         regs.rip = next_rip;
-                        self.fd.sync_regs_mut().regs = regs;
-                        self.fd.set_sync_dirty_reg(SyncReg::Register);
+                        self.commit_regs(regs);
                         return Ok(());
                     }
                     Outcome::Fault(fault) => {

@@ -36,9 +36,9 @@ use super::metrics::Metrics;
 use super::pause::PauseGate;
 use super::seccomp::{self, ThreadKind};
 use super::snapshot::{self, MemoryLayout, SnapshotError, VcpuSnapshot, VmKvmState, VmSnapshot};
-use super::vcpu::{MAXPHYADDR, Shared, Vcpu, VcpuError, VcpuStop, kick_handler};
+use super::vcpu::{Shared, Vcpu, VcpuError, VcpuStop, kick_handler, paging_of};
 use super::vcpu_state::{self, VcpuStateError};
-use crate::guard::{Access, GuestMemory, GuestView, Paging};
+use crate::guard::{Access, GuestMemory, GuestView};
 use crate::lwp::cpuid::{CpuidEntry, GuestLwpSupport, LwpProfile, UnknownProfile};
 use crate::lwp::msr::MSR_LWP_CFG;
 use crate::lwp::unit::{LwpUnit, UnitStats};
@@ -404,9 +404,7 @@ fn restore_lwp(
         ));
     }
     if let Some(block) = unit.block() {
-        let s = &saved.sregs;
-        let paging = Paging::from_regs(s.cr0, s.cr3, s.cr4, s.efer, MAXPHYADDR)
-            .map_err(|e| bad(e.to_string()))?;
+        let paging = paging_of(&saved.sregs).map_err(|e| bad(e.to_string()))?;
         GuestView::new(mem, paging)
             .check(block.address, u64::from(caps.cb_size()), Access::UserWrite)
             .map_err(|e| {
