@@ -25,7 +25,11 @@ const GUESTS: &[&str] = &[
     "replay",
     "hostile",
     "pt_race",
+    "sample_as",
 ];
+
+/// Guests that share another guest's CPL0 part: (guest, assembly source).
+const SHARED_KERNEL: &[(&str, &str)] = &[("sample_as", "twotask.S")];
 
 const CFLAGS: &[&str] = &[
     "-m64",
@@ -74,13 +78,20 @@ fn main() {
     let mut table = String::new();
     for name in GUESTS {
         let mut objects = vec![runtime.clone(), lib.clone()];
-        for ext in ["c", "S"] {
-            let src = dir.join(format!("{name}.{ext}"));
-            if src.exists() {
-                let obj = out.join(format!("{name}_{ext}.o"));
-                compile(&src, &obj);
-                objects.push(obj);
-            }
+        let shared = SHARED_KERNEL
+            .iter()
+            .filter(|(g, _)| g == name)
+            .map(|(_, s)| dir.join(s));
+        let own = ["c", "S"].map(|ext| dir.join(format!("{name}.{ext}")));
+        for (i, src) in own
+            .into_iter()
+            .filter(|p| p.exists())
+            .chain(shared)
+            .enumerate()
+        {
+            let obj = out.join(format!("{name}_{i}.o"));
+            compile(&src, &obj);
+            objects.push(obj);
         }
         let elf = out.join(format!("{name}.elf"));
         run(Command::new("ld")

@@ -35,6 +35,7 @@ fn round_trips() {
         serial: SerialOut::Capture(Arc::clone(&console)),
         snapshots: vm::SnapshotPlan::default(),
         seccomp: true,
+        profiling: vm::Profiling::default(),
     };
     let outcome = vm::run(&config).expect("round-trip guest");
     assert_eq!(outcome.exit_value, 0);

@@ -6,6 +6,7 @@
 //! - [`guard`]: every guest address the unit touches, translated through the
 //!   guest's own page tables and checked against guest RAM;
 //! - [`vmm`]: the KVM shell: VM, vCPU loop, CPUID, MSRs, boot, devices;
+//! - [`profile`]: host-side traces of LWP records and reports from them;
 //! - [`guests`]: lwpvmm's own guests, embedded;
 //! - [`cli`]: the user-facing commands.
 
@@ -13,4 +14,5 @@ pub mod cli;
 pub mod guard;
 pub mod guests;
 pub mod lwp;
+pub mod profile;
 pub mod vmm;

@@ -91,3 +91,42 @@ fn unknown_profile_is_refused_with_the_choices() {
     let err = String::from_utf8(out.stderr).unwrap();
     assert!(err.contains("zen") && err.contains("bulldozer"), "{err}");
 }
+
+#[test]
+fn report_matches_the_golden_output() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let out = Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
+        .current_dir(root)
+        .args(["report", "tests/data/report.trace"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let golden = std::fs::read_to_string(format!("{root}/tests/data/report.golden")).unwrap();
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), golden);
+}
+
+#[test]
+fn report_writes_folded_stacks_and_a_flamegraph() {
+    let dir = std::env::temp_dir().join(format!("lwpvmm-report-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (folded, svg) = (dir.join("out.folded"), dir.join("out.svg"));
+    let trace = format!("{}/tests/data/report.trace", env!("CARGO_MANIFEST_DIR"));
+    let out = lwpvmm(&[
+        "report",
+        &trace,
+        "--event",
+        "6",
+        "--folded",
+        folded.to_str().unwrap(),
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(std::fs::read_to_string(&folded).unwrap(), "0x401020 3\n");
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("0x401020"));
+    std::fs::write(dir.join("bad.trace"), "not a trace\n").unwrap();
+    let bad = lwpvmm(&["report", dir.join("bad.trace").to_str().unwrap()]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("not an lwpvmm trace"));
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -36,6 +36,24 @@ fn boot_with(
     cmdline: &str,
     vcpus: u8,
 ) -> (RunOutcome, String) {
+    boot_profiled(
+        name,
+        profile,
+        guest,
+        cmdline,
+        vcpus,
+        vm::Profiling::default(),
+    )
+}
+
+fn boot_profiled(
+    name: &str,
+    profile: LwpProfile,
+    guest: GuestLwpSupport,
+    cmdline: &str,
+    vcpus: u8,
+    profiling: vm::Profiling,
+) -> (RunOutcome, String) {
     require_kvm();
     let console = Arc::new(Mutex::new(Vec::new()));
     let config = VmConfig {
@@ -49,6 +67,7 @@ fn boot_with(
         serial: SerialOut::Capture(Arc::clone(&console)),
         snapshots: vm::SnapshotPlan::default(),
         seccomp: true,
+        profiling,
     };
     let outcome = vm::run(&config).unwrap_or_else(|e| panic!("guest {name}: {e}"));
     let text = String::from_utf8_lossy(&console.lock().unwrap()).into_owned();
@@ -238,6 +257,48 @@ fn page_tables_changed_by_another_vcpu_are_rechecked() {
         unit.records_missed, unit.store_faults,
         "every miss is a refused store"
     );
+}
+
+#[test]
+fn sampled_events_stay_in_their_address_space() {
+    let trace = std::env::temp_dir().join(format!(
+        "lwpvmm-test-{}-sample_as.trace",
+        std::process::id()
+    ));
+    let profiling = vm::Profiling {
+        sample_hz: 1000,
+        trace: Some(trace.clone()),
+    };
+    let (outcome, text) = boot_profiled(
+        "sample_as",
+        LwpProfile::Emulated,
+        GuestLwpSupport::Shim,
+        "",
+        1,
+        profiling,
+    );
+    assert!(
+        outcome.exit_value == 0 && text.contains("3 passed, 0 failed"),
+        "{text}"
+    );
+    let kicks = metric(&outcome, "sampler_kicks");
+    let charged = metric(&outcome, "samples_charged");
+    assert!(
+        charged > 0 && charged < kicks,
+        "samples in the other address space are not charged: {charged} of {kicks}"
+    );
+    let (_, records) = lwpvmm::profile::trace::read(&trace, |_| {}).unwrap();
+    let spaces: std::collections::BTreeSet<u64> = records
+        .iter()
+        .filter(|r| r.event == 5)
+        .map(|r| r.cr3)
+        .collect();
+    assert_eq!(
+        spaces.len(),
+        1,
+        "every CNH record was stored in one address space: {spaces:x?}"
+    );
+    std::fs::remove_file(trace).unwrap();
 }
 
 /// Writes an embedded guest to a file of its own (tests run in parallel).

@@ -15,6 +15,63 @@
 static struct lwpcb cb __attribute__((aligned(64)));
 static struct lwp_record ring[RING_RECORDS] __attribute__((aligned(4096)));
 
+/* The workload with a known shape: three functions doing 1, 2 and 4
+ * units of the same work, profiled with sampled CPU clocks (CNH). */
+#define SAMPLE_RECORDS 4096
+#define ROUNDS 20
+
+static struct lwpcb pcb __attribute__((aligned(64)));
+static struct lwp_record samples[SAMPLE_RECORDS] __attribute__((aligned(4096)));
+static volatile u64 sink;
+
+void __attribute__((noinline)) work_1(u64 n) { for (u64 i = 0; i < n; i++) sink += i; }
+void __attribute__((noinline)) work_2(u64 n) { for (u64 i = 0; i < 2 * n; i++) sink += i; }
+void __attribute__((noinline)) work_4(u64 n) { for (u64 i = 0; i < 4 * n; i++) sink += i; }
+
+static void profile_shape(void)
+{
+    u64 unit = cmdline_number("work", 8000000);
+    memset(&pcb, 0, sizeof(pcb));
+    pcb.flags = LWP_CNH;
+    pcb.buffer_size = sizeof(samples);
+    pcb.buffer_base = (u64)samples;
+    pcb.events[4].interval = 0x3fffff;
+    __llwpcb(&pcb);
+    check(pcb.flags == LWP_CNH, "llwpcb granted CNH (sampled CPU clocks)");
+    for (u32 r = 0; r < ROUNDS; r++) {
+        work_1(unit);
+        work_2(unit);
+        work_4(unit);
+    }
+    __slwpcb();
+    __llwpcb(0);
+    u64 fns[3] = { (u64)work_1, (u64)work_2, (u64)work_4 };
+    u64 hits[3] = { 0, 0, 0 }, total = pcb.head / sizeof(struct lwp_record);
+    for (u64 i = 0; i < total; i++)
+        for (u32 f = 0; f < 3; f++)
+            if (samples[i].ip >= fns[f] && samples[i].ip < fns[f] + 64)
+                hits[f]++;
+    puts("demo: CNH samples in the guest's own ring: ");
+    put_dec(total);
+    puts(" (work_1 ");
+    put_dec(hits[0]);
+    puts(", work_2 ");
+    put_dec(hits[1]);
+    puts(", work_4 ");
+    put_dec(hits[2]);
+    puts("; expected shape 1:2:4)\n");
+    u64 counted = hits[0] + hits[1] + hits[2];
+    check(counted > 50, "enough samples to see the shape");
+    /* Shares within 10 percentage points of 1/7, 2/7, 4/7 (in units of
+     * 1/700). */
+    const u64 want[3] = { 1, 2, 4 };
+    for (u32 f = 0; f < 3; f++) {
+        s64 share = (s64)(hits[f] * 700 / (counted ? counted : 1));
+        s64 expected = (s64)(want[f] * 100);
+        check(share - expected < 70 && expected - share < 70, "share within 10 points of the shape");
+    }
+}
+
 int main(void)
 {
     const struct cpuid_entry *leaf = cpuid_of(0x8000001c);
@@ -73,5 +130,7 @@ int main(void)
     check(ordered, "every record carries its instruction address");
     __llwpcb(0);
     check(__slwpcb() == 0, "llwpcb 0 turns LWP off");
+    if (leaf->edx & LWP_CNH)
+        profile_shape();
     return done();
 }

@@ -7,6 +7,7 @@ typedef unsigned char u8;
 typedef unsigned short u16;
 typedef unsigned int u32;
 typedef unsigned long long u64;
+typedef long long s64;
 
 struct cpuid_entry { u32 leaf, subleaf, eax, ebx, ecx, edx; };
 

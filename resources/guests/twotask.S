@@ -1,4 +1,4 @@
-/* CPL0 part of the two-task guest: a second CPL3 task in its own address
+/* CPL0 part of the two-task guests (twotask.c, sample_as.c): a second CPL3 task in its own address
  * space, and a LAPIC-timer handler that switches between the two, carrying
  * each task's LWP state through lwpvmm's LWP state calls (docs/pv-abi.md).
  *
@@ -24,8 +24,11 @@ kernel_hook:
         movl    $100000, 0x380(%rax)            /* 1.6 ms at 1 GHz */
         ret
 
-/* The LWP state call: %eax = operation, area of task %rdx. */
+/* The LWP state call: %eax = operation, area of task %rdx. A guest that
+ * sets use_state_calls to 0 (sample_as.c) switches tasks without them. */
 state_call:
+        cmpb    $0, use_state_calls
+        je      1f
         imul    $128, %rdx, %rdi
         add     $lwp_areas, %rdi
         out     %al, $STATE_PORT

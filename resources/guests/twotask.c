@@ -11,6 +11,7 @@
 #define RING ((struct lwp_record *)0x401000)
 
 extern volatile u64 switches, state_errors;
+u8 use_state_calls = 1;
 static volatile u64 done_flag[2], own[2], foreign[2], missed[2];
 
 void task_main(u64 id)

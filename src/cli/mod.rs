@@ -10,8 +10,10 @@ use clap::{Parser, Subcommand, ValueEnum};
 use thiserror::Error;
 
 use crate::lwp::cpuid::{GuestLwpSupport, LwpProfile};
+use crate::profile::report::{self, ReportError, Symbols};
+use crate::profile::trace::{self, TraceError};
 use crate::vmm::devices::SerialOut;
-use crate::vmm::vm::{self, RestoreConfig, RunOutcome, SnapshotPlan, VmConfig, VmError};
+use crate::vmm::vm::{self, Profiling, RestoreConfig, RunOutcome, SnapshotPlan, VmConfig, VmError};
 
 /// lwpvmm: AMD Lightweight Profiling for KVM guests on hosts without LWP.
 #[derive(Debug, Parser)]
@@ -29,6 +31,9 @@ pub enum Command {
     Run(RunArgs),
     /// Restore a snapshot and run the VM to its end.
     Restore(RestoreArgs),
+    /// Report a trace written by --trace: records per function, folded
+    /// stacks, a flamegraph.
+    Report(ReportArgs),
     /// Boot the embedded demo guest: a CPL3 program that profiles itself with
     /// LWP. Exits 0 when the guest reports success.
     Demo {
@@ -95,6 +100,14 @@ pub struct HostArgs {
     /// Run without seccomp filters (they are on by default).
     #[arg(long)]
     pub no_seccomp: bool,
+    /// Sampling kicks per second for the clock events (CNH, RNH); 0 turns
+    /// the sampler off.
+    #[arg(long, default_value_t = 1000)]
+    pub sample_hz: u32,
+    /// Write every LWP record the VM stores to this trace file (JSON lines;
+    /// read it with `lwpvmm report`).
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
     /// Directory for snapshots (state.bin and memory.bin). With it, SIGUSR2
     /// takes a snapshot while the VM runs; the VM continues afterwards.
     #[arg(long)]
@@ -103,6 +116,15 @@ pub struct HostArgs {
     /// --snapshot-dir).
     #[arg(long, requires = "snapshot_dir")]
     pub snapshot_after: Option<u64>,
+}
+
+impl From<&HostArgs> for Profiling {
+    fn from(a: &HostArgs) -> Self {
+        Profiling {
+            sample_hz: a.sample_hz,
+            trace: a.trace.clone(),
+        }
+    }
 }
 
 impl From<&HostArgs> for SnapshotPlan {
@@ -125,6 +147,29 @@ pub struct RestoreArgs {
     /// Console, metrics, snapshots of the restored VM, seccomp.
     #[command(flatten)]
     pub host: HostArgs,
+}
+
+/// `lwpvmm report` options.
+#[derive(Debug, clap::Args)]
+pub struct ReportArgs {
+    /// The trace file.
+    pub trace: PathBuf,
+    /// The guest ELF whose symbol table names the functions.
+    #[arg(long)]
+    pub symbols: Option<PathBuf>,
+    /// Count only records of this EventId (default: CNH if the trace has
+    /// it, else RNH, else every record).
+    #[arg(long)]
+    pub event: Option<u8>,
+    /// How many functions to list.
+    #[arg(long, default_value_t = 20)]
+    pub top: usize,
+    /// Write folded stacks (one frame deep) to this file.
+    #[arg(long)]
+    pub folded: Option<PathBuf>,
+    /// Write a flamegraph SVG to this file.
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
 }
 
 /// `--lwp` values.
@@ -191,6 +236,12 @@ pub enum CliError {
     /// The VM failed.
     #[error(transparent)]
     Vm(#[from] VmError),
+    /// The trace could not be read.
+    #[error(transparent)]
+    Trace(#[from] TraceError),
+    /// The report could not be made.
+    #[error(transparent)]
+    Report(#[from] ReportError),
 }
 
 /// Exit status of `lwpvmm run` when the guest wrote `value` to port 0xf4:
@@ -227,6 +278,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
                 serial,
                 snapshots: (&args.host).into(),
                 seccomp: !args.host.no_seccomp,
+                profiling: (&args.host).into(),
             };
             let outcome = vm::run(&config)?;
             finish(&outcome, args.host.metrics.as_ref())
@@ -238,16 +290,54 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
                 profile: args.lwp.map(Into::into),
                 snapshots: (&args.host).into(),
                 seccomp: !args.host.no_seccomp,
+                profiling: (&args.host).into(),
             };
             let outcome = vm::restore(&config)?;
             finish(&outcome, args.host.metrics.as_ref())
         }
+        Command::Report(args) => report(out, &args),
         Command::Demo { lwp } => demo(out, lwp.into()),
         Command::Cpuid { lwp, guest, json } => {
             cpuid::print(out, lwp.into(), guest.into(), json)?;
             Ok(0)
         }
     }
+}
+
+fn report(out: &mut dyn Write, args: &ReportArgs) -> Result<u8, CliError> {
+    use std::io::IsTerminal;
+    let terminal = std::io::stderr().is_terminal();
+    let (header, records) = trace::read(&args.trace, |n| {
+        if terminal {
+            eprint!("\rreading {}: {n} records", args.trace.display());
+        }
+    })?;
+    if terminal && records.len() >= 100_000 {
+        eprintln!();
+    }
+    let symbols = match &args.symbols {
+        Some(path) => Some(Symbols::from_elf(&read("symbol file", path)?)?),
+        None => None,
+    };
+    let event = args.event.or_else(|| report::default_event(&records));
+    let rows = report::aggregate(&records, symbols.as_ref(), event);
+    writeln!(
+        out,
+        "# trace {} (profile `{}`, sampler {} Hz)",
+        args.trace.display(),
+        header.profile,
+        header.sample_hz
+    )?;
+    report::print_table(out, &rows, event, args.top)?;
+    let folded = report::folded(&rows);
+    if let Some(path) = &args.folded {
+        std::fs::write(path, folded.join("\n") + "\n")?;
+    }
+    if let Some(path) = &args.svg {
+        let title = format!("lwpvmm: {}", args.trace.display());
+        report::flamegraph(&folded, &title, std::fs::File::create(path)?)?;
+    }
+    Ok(0)
 }
 
 fn serial_out(arg: &str) -> SerialOut {
@@ -289,6 +379,7 @@ fn summary(outcome: &RunOutcome) -> serde_json::Value {
 fn demo(out: &mut dyn Write, profile: LwpProfile) -> Result<u8, CliError> {
     let kernel = crate::guests::get("demo").unwrap_or_default().to_vec();
     let console = Arc::new(Mutex::new(Vec::new()));
+    let trace_file = std::env::temp_dir().join(format!("lwpvmm-demo-{}.trace", std::process::id()));
     let config = VmConfig {
         kernel,
         initramfs: None,
@@ -300,6 +391,10 @@ fn demo(out: &mut dyn Write, profile: LwpProfile) -> Result<u8, CliError> {
         serial: SerialOut::Capture(Arc::clone(&console)),
         snapshots: SnapshotPlan::default(),
         seccomp: true,
+        profiling: Profiling {
+            sample_hz: 1000,
+            trace: Some(trace_file.clone()),
+        },
     };
     let started = std::time::Instant::now();
     let outcome = vm::run(&config)?;
@@ -325,6 +420,19 @@ fn demo(out: &mut dyn Write, profile: LwpProfile) -> Result<u8, CliError> {
         "  records stored into the guest's ring: {}, missed: {}, LWP MSR exits: {}",
         stats.records_stored, stats.records_missed, m["exits_msr"]
     )?;
+    writeln!(
+        out,
+        "  sampler kicks: {}, samples charged to CNH/RNH: {}",
+        m["sampler_kicks"], m["samples_charged"]
+    )?;
+    if let Ok((_, records)) = trace::read(&trace_file, |_| {}) {
+        let symbols = Symbols::from_elf(&config.kernel).ok();
+        let event = report::default_event(&records);
+        let rows = report::aggregate(&records, symbols.as_ref(), event);
+        writeln!(out, "host-side report from the trace (lwpvmm report):")?;
+        report::print_table(out, &rows, event, 5)?;
+    }
+    let _ = std::fs::remove_file(&trace_file);
     let ok = outcome.exit_value == 0;
     writeln!(out, "  result: {}", if ok { "success" } else { "FAILURE" })?;
     Ok(if ok { 0 } else { 1 })

@@ -95,6 +95,7 @@ pub struct LwpUnit {
     block: Option<LoadedLwpcb>,
     interrupt_due: bool,
     stats: UnitStats,
+    log: Option<Vec<EventRecord>>,
 }
 
 impl LwpUnit {
@@ -106,7 +107,21 @@ impl LwpUnit {
             block: None,
             interrupt_due: false,
             stats: UnitStats::default(),
+            log: None,
         }
+    }
+
+    /// Keeps a copy of every record stored from now on, for a host-side
+    /// trace; [`drain_log`](Self::drain_log) takes them.
+    pub fn keep_log(&mut self) {
+        self.log.get_or_insert_with(Vec::new);
+    }
+
+    /// The records stored since the last call (empty unless `keep_log`).
+    /// Each call to the unit stores at most a bounded number of records,
+    /// so draining after every call keeps the log small.
+    pub fn drain_log(&mut self) -> Vec<EventRecord> {
+        self.log.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// The profile the unit emulates.
@@ -288,6 +303,7 @@ impl LwpUnit {
             block: state.block,
             interrupt_due: state.interrupt_due,
             stats: UnitStats::default(),
+            log: None,
         })
     }
 
@@ -462,6 +478,9 @@ impl LwpUnit {
             return Self::miss(b, &mut self.stats);
         }
         self.stats.records_stored += 1;
+        if let Some(log) = self.log.as_mut() {
+            log.push(record);
+        }
         let before = b.head;
         b.head = next;
         if let Some(t) = tail {
@@ -964,6 +983,26 @@ mod tests {
             Some(ThresholdInterrupt::Suppressed(0x1F))
         );
         assert_eq!(r.unit.stats().interrupts_suppressed, 1);
+    }
+
+    #[test]
+    fn record_log_keeps_stored_records_only() {
+        let mut r = rig(LwpProfile::Emulated, 0, 1024);
+        r.load();
+        r.ins(1);
+        assert!(r.unit.drain_log().is_empty(), "no log unless asked");
+        r.unit.keep_log();
+        for i in 0..40 {
+            r.ins(i);
+        }
+        let log = r.unit.drain_log();
+        assert_eq!(
+            log.len(),
+            30,
+            "31 slots minus the one already used; missed ones are not logged"
+        );
+        assert_eq!(log[0].data1, 0);
+        assert!(r.unit.drain_log().is_empty(), "drained");
     }
 
     #[test]

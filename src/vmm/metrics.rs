@@ -58,6 +58,12 @@ metrics! {
     guest_warnings,
     /// Snapshots written.
     snapshots,
+    /// Sampling kicks handled by vCPUs.
+    sampler_kicks,
+    /// Samples charged to CNH/RNH (CPL3, in the LWPCB's address space).
+    samples_charged,
+    /// Trace writes that failed.
+    trace_errors,
 }
 
 impl Metrics {

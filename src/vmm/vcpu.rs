@@ -23,8 +23,10 @@ use crate::guest_warn;
 use crate::lwp::cpuid::CpuidEntry;
 use crate::lwp::fault::GuestFault;
 use crate::lwp::msr::{MSR_LWP_CBADDR, MSR_LWP_CFG};
+use crate::lwp::record::EventId;
 use crate::lwp::unit::{LwpUnit, ThresholdInterrupt};
 use crate::lwp::xsave::LwpXsaveArea;
+use crate::profile::trace::{TraceRecord, TraceWriter};
 
 const RFLAGS_CF: u64 = 1;
 /// LWP state call: save component 62 into the area.
@@ -52,6 +54,9 @@ const KVM_INTERNAL_ERROR_EMULATION: u32 = 1;
 const KVM_INTERNAL_ERROR_EMULATION_FLAG_INSTRUCTION_BYTES: u64 = 1;
 /// The guest physical-address width lwpvmm assumes for page walks.
 pub const MAXPHYADDR: u8 = 48;
+
+/// The address bits of CR3 (PCID and flag bits masked).
+const CR3_ADDR: u64 = 0x000F_FFFF_FFFF_F000;
 
 /// The paging a vCPU's special registers describe.
 pub fn paging_of(sregs: &kvm_sregs) -> Result<Paging, crate::guard::GuardError> {
@@ -131,6 +136,8 @@ pub struct Shared {
     pub xsave_size: usize,
     /// The MSRs KVM lists as saveable.
     pub msr_indices: Arc<Vec<u32>>,
+    /// The host-side trace, when one is written.
+    pub trace: Option<Arc<Mutex<TraceWriter>>>,
 }
 
 thread_local! {
@@ -158,6 +165,9 @@ pub struct Vcpu {
     unit: Option<LwpUnit>,
     instructions: bool,
     tsc_offset: i64,
+    sample_due: Arc<AtomicBool>,
+    last_sample: Option<u64>,
+    lwpcb_cr3: Option<u64>,
 }
 
 impl Vcpu {
@@ -180,7 +190,74 @@ impl Vcpu {
             unit,
             instructions,
             tsc_offset,
+            sample_due: Arc::new(AtomicBool::new(false)),
+            last_sample: None,
+            lwpcb_cr3: None,
         }
+    }
+
+    /// The flag the sampler sets before it kicks this vCPU.
+    pub fn sample_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.sample_due)
+    }
+
+    /// Keeps a copy of every record this vCPU's unit stores, for the trace.
+    pub fn trace_records(&mut self) {
+        if let Some(u) = self.unit.as_mut() {
+            u.keep_log();
+        }
+    }
+
+    /// Notes the address space that loaded the LWPCB, after an operation
+    /// that may have loaded one.
+    fn note_lwpcb_space(&mut self, cr3: u64) {
+        self.lwpcb_cr3 = self
+            .unit
+            .as_ref()
+            .and_then(LwpUnit::block)
+            .map(|_| cr3 & CR3_ADDR);
+    }
+
+    /// A sampling kick: charges the guest TSC cycles since the last sample
+    /// to CNH and RNH, but only while the vCPU runs at CPL3 in the address
+    /// space that loaded the LWPCB. docs/profiling.md.
+    fn sample(&mut self, shared: &Shared) {
+        let now = self.guest_tsc();
+        let elapsed = now.saturating_sub(self.last_sample.replace(now).unwrap_or(now));
+        shared.metrics.sampler_kicks.fetch_add(1, Ordering::Relaxed);
+        let sync = self.fd.sync_regs();
+        let (rip, sregs) = (sync.regs.rip, sync.sregs);
+        let live = sregs.cs.dpl == 3 && self.lwpcb_cr3 == Some(sregs.cr3 & CR3_ADDR);
+        let (Some(unit), true, Ok(paging)) = (self.unit.as_mut(), live, paging_of(&sregs)) else {
+            return;
+        };
+        let mut view = GuestView::new(&shared.mem, paging);
+        unit.count(&mut view, EventId::Cnh, elapsed, rip, now);
+        unit.count(&mut view, EventId::Rnh, elapsed, rip, now);
+        shared
+            .metrics
+            .samples_charged
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// After every exit: the trace, then a due threshold interrupt.
+    fn after_exit(&mut self, shared: &Shared) {
+        if let (Some(trace), Some(unit)) = (&shared.trace, self.unit.as_mut()) {
+            let records = unit.drain_log();
+            if !records.is_empty() {
+                let cr3 = self.fd.sync_regs().sregs.cr3 & CR3_ADDR;
+                let lines: Vec<TraceRecord> = records
+                    .iter()
+                    .map(|r| TraceRecord::new(self.id, cr3, r))
+                    .collect();
+                if let Ok(mut t) = trace.lock()
+                    && t.append(&lines).is_err()
+                {
+                    shared.metrics.trace_errors.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        self.deliver_interrupt(shared);
     }
 
     /// The KVM vCPU, for restoring its state before it runs.
@@ -338,6 +415,9 @@ impl Vcpu {
                 }
                 Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
                     self.fd.set_kvm_immediate_exit(0);
+                    if self.sample_due.swap(false, Ordering::AcqRel) {
+                        self.sample(shared);
+                    }
                     if shared.pause.requested() {
                         self.park(shared);
                     }
@@ -351,7 +431,7 @@ impl Vcpu {
                 PortAction::LwpStateCall => self.lwp_state_call(shared),
                 PortAction::Handled | PortAction::Unclaimed => {}
             }
-            self.deliver_interrupt(shared);
+            self.after_exit(shared);
         }
     }
 
@@ -406,6 +486,7 @@ impl Vcpu {
         let sync = self.fd.sync_regs();
         let (mut regs, sregs) = (sync.regs, sync.sregs);
         let (status, detail) = self.state_call(shared, &regs, &sregs);
+        self.note_lwpcb_space(sregs.cr3);
         if status != StateStatus::Ok {
             guest_warn!(
                 shared.metrics.guest_warnings,
@@ -505,6 +586,7 @@ impl Vcpu {
         match lwp_insn::emulate(&mut view, self.insn_unit(), &mut ctx, &bytes[..len], tsc) {
             Outcome::Done { next_rip, mnemonic } => {
                 count_mnemonic(&shared.metrics, mnemonic);
+                self.note_lwpcb_space(sregs.cr3);
                 frame.rip = next_rip;
                 frame.rsp = ctx.rsp;
                 frame.rflags = ctx.rflags;
@@ -627,6 +709,7 @@ impl Vcpu {
                     Outcome::Done { next_rip, mnemonic } => {
                         shared.metrics.cpl0_lwp.fetch_add(1, Ordering::Relaxed);
                         count_mnemonic(&shared.metrics, mnemonic);
+                        self.note_lwpcb_space(sregs.cr3);
                         let (rsp, rflags) = (ctx.rsp, ctx.rflags);
                         regs.rsp = rsp;
                         regs.rflags = rflags;

@@ -39,9 +39,10 @@ use super::snapshot::{self, MemoryLayout, SnapshotError, VcpuSnapshot, VmKvmStat
 use super::vcpu::{Shared, Vcpu, VcpuError, VcpuStop, kick_handler, paging_of};
 use super::vcpu_state::{self, VcpuStateError};
 use crate::guard::{Access, GuestMemory, GuestView};
-use crate::lwp::cpuid::{CpuidEntry, GuestLwpSupport, LwpProfile, UnknownProfile};
+use crate::lwp::cpuid::{CpuidEntry, GuestLwpSupport, LwpFeatures, LwpProfile, UnknownProfile};
 use crate::lwp::msr::MSR_LWP_CFG;
 use crate::lwp::unit::{LwpUnit, UnitStats};
+use crate::profile::trace::{TRACE_VERSION, TraceHeader, TraceWriter};
 
 const MSR_IA32_TSC: u32 = 0x10;
 const PIT_SPEAKER_DUMMY: u32 = 1;
@@ -69,6 +70,18 @@ pub struct VmConfig {
     pub snapshots: SnapshotPlan,
     /// Run the vCPU and control threads under seccomp filters.
     pub seccomp: bool,
+    /// The sampler and the trace.
+    pub profiling: Profiling,
+}
+
+/// Sampled events and the host-side trace.
+#[derive(Debug, Clone, Default)]
+pub struct Profiling {
+    /// Sampling kicks per second and vCPU (0: no sampler). The sampler runs
+    /// only when the profile has CNH or RNH.
+    pub sample_hz: u32,
+    /// Write every stored LWP record to this trace file.
+    pub trace: Option<PathBuf>,
 }
 
 /// When and where a running VM writes snapshots.
@@ -265,7 +278,12 @@ pub fn run(config: &VmConfig) -> Result<RunOutcome, VmError> {
         .set_sregs(&sregs)
         .map_err(setup("KVM_SET_SREGS"))?;
     boot_vcpu.set_regs(&regs).map_err(setup("KVM_SET_REGS"))?;
-    run_machine(machine, &config.snapshots, config.seccomp)
+    run_machine(
+        machine,
+        &config.snapshots,
+        &config.profiling,
+        config.seccomp,
+    )
 }
 
 /// Options of `lwpvmm restore`.
@@ -282,6 +300,8 @@ pub struct RestoreConfig {
     pub snapshots: SnapshotPlan,
     /// Run the vCPU and control threads under seccomp filters.
     pub seccomp: bool,
+    /// The sampler and the trace.
+    pub profiling: Profiling,
 }
 
 /// Restores a snapshot and runs the VM to its end. Everything in the
@@ -347,7 +367,12 @@ pub fn restore(config: &RestoreConfig) -> Result<RunOutcome, VmError> {
         config.dir.display(),
         started.elapsed().as_secs_f64() * 1e3
     );
-    run_machine(machine, &config.snapshots, config.seccomp)
+    run_machine(
+        machine,
+        &config.snapshots,
+        &config.profiling,
+        config.seccomp,
+    )
 }
 
 /// Refuses a snapshot whose CPUID tables differ from what this host gives
@@ -551,6 +576,8 @@ struct Control {
     bus: Arc<Mutex<PortBus>>,
     timer: Option<TimerFd>,
     sigusr2: Option<UnixStream>,
+    sampler: Option<TimerFd>,
+    samples_due: u64,
     snapshot_due: bool,
     done: bool,
 }
@@ -560,6 +587,8 @@ impl MutEventSubscriber for Control {
         let fd = events.fd();
         if fd == self.exit.as_raw_fd() {
             self.done = true;
+        } else if let Some(t) = self.sampler.as_mut().filter(|t| t.as_raw_fd() == fd) {
+            self.samples_due += t.wait().unwrap_or(0);
         } else if let Some(t) = self.timer.as_mut().filter(|t| t.as_raw_fd() == fd) {
             let _ = t.wait();
             self.snapshot_due = true;
@@ -575,6 +604,9 @@ impl MutEventSubscriber for Control {
     fn init(&mut self, ops: &mut EventOps) {
         let _ = ops.add(Events::new(&self.exit, EventSet::IN));
         if let Some(t) = &self.timer {
+            let _ = ops.add(Events::new(t, EventSet::IN));
+        }
+        if let Some(t) = &self.sampler {
             let _ = ops.add(Events::new(t, EventSet::IN));
         }
         if let Some(s) = &self.sigusr2 {
@@ -693,6 +725,7 @@ impl Snapshotter<'_> {
 fn run_machine(
     machine: Machine,
     plan: &SnapshotPlan,
+    profiling: &Profiling,
     seccomp: bool,
 ) -> Result<RunOutcome, VmError> {
     register_signal_handler(SIGRTMIN(), kick_handler)
@@ -707,6 +740,29 @@ fn run_machine(
         profile,
         guest,
     } = machine;
+    let trace = match &profiling.trace {
+        Some(path) => {
+            let header = TraceHeader {
+                lwpvmm_trace: TRACE_VERSION,
+                profile: profile.name().into(),
+                sample_hz: profiling.sample_hz,
+            };
+            let writer = TraceWriter::create(path, &header)
+                .map_err(|e| VmError::Io("creating the trace", e))?;
+            Some(Arc::new(Mutex::new(writer)))
+        }
+        None => None,
+    };
+    let mut vcpus = vcpus;
+    if trace.is_some() {
+        vcpus.iter_mut().for_each(Vcpu::trace_records);
+    }
+    let sampled = profile
+        .caps()
+        .is_some_and(|c| c.supported.intersects(LwpFeatures::CNH | LwpFeatures::RNH));
+    let sample_period = (sampled && profiling.sample_hz > 0)
+        .then(|| Duration::from_nanos(1_000_000_000 / u64::from(profiling.sample_hz)));
+    let sample_flags: Vec<Arc<AtomicBool>> = vcpus.iter().map(Vcpu::sample_flag).collect();
     let metrics = Arc::new(Metrics::default());
     let stop = Arc::new(AtomicBool::new(false));
     let pause = Arc::new(PauseGate::new(vcpus.len()));
@@ -723,6 +779,7 @@ fn run_machine(
             pause: Arc::clone(&pause),
             xsave_size,
             msr_indices: Arc::clone(&msr_indices),
+            trace: trace.clone(),
         };
         let exit = exit
             .try_clone()
@@ -754,6 +811,9 @@ fn run_machine(
         plan: plan.clone(),
         profile,
         guest,
+        trace,
+        sample_period,
+        sample_flags,
     };
     thread::Builder::new()
         .name("lwpvmm-ctl".into())
@@ -776,6 +836,9 @@ struct ControlThread {
     plan: SnapshotPlan,
     profile: LwpProfile,
     guest: GuestLwpSupport,
+    trace: Option<Arc<Mutex<TraceWriter>>>,
+    sample_period: Option<Duration>,
+    sample_flags: Vec<Arc<AtomicBool>>,
 }
 
 /// What a vCPU thread hands back.
@@ -797,6 +860,9 @@ impl ControlThread {
             plan,
             profile,
             guest,
+            trace,
+            sample_period,
+            sample_flags,
         } = self;
         let plan = &plan;
         let timer = match (&plan.dir, plan.after) {
@@ -821,6 +887,15 @@ impl ControlThread {
             }
             None => None,
         };
+        let sampler = match sample_period {
+            Some(period) => {
+                let mut t = TimerFd::new().map_err(|e| VmError::Io("sampler timer", e.into()))?;
+                t.reset(period, Some(period))
+                    .map_err(|e| VmError::Io("sampler timer", e.into()))?;
+                Some(t)
+            }
+            None => None,
+        };
         let mut manager = EventManager::<Arc<Mutex<dyn MutEventSubscriber + Send>>>::new()
             .map_err(event_error("event manager"))?;
         let control = Arc::new(Mutex::new(Control {
@@ -831,6 +906,8 @@ impl ControlThread {
             bus: Arc::clone(&bus),
             timer,
             sigusr2,
+            sampler,
+            samples_due: 0,
             snapshot_due: false,
             done: false,
         }));
@@ -850,11 +927,21 @@ impl ControlThread {
             guest,
         });
         loop {
-            let (done, due) = control.lock().map_or((true, false), |mut c| {
-                (c.done, std::mem::take(&mut c.snapshot_due))
+            let (done, due, samples) = control.lock().map_or((true, false, 0), |mut c| {
+                (
+                    c.done,
+                    std::mem::take(&mut c.snapshot_due),
+                    std::mem::take(&mut c.samples_due),
+                )
             });
             if done {
                 break;
+            }
+            if samples > 0 {
+                for (flag, h) in sample_flags.iter().zip(&handles) {
+                    flag.store(true, Ordering::Release);
+                    let _ = h.kill(SIGRTMIN());
+                }
             }
             if let (true, Some(snap)) = (due, &snapshotter) {
                 let started = Instant::now();
@@ -898,6 +985,11 @@ impl ControlThread {
         }
         if let Ok(mut b) = bus.lock() {
             b.flush();
+        }
+        if let Some(t) = &trace
+            && t.lock().map(|mut t| t.flush()).is_err()
+        {
+            metrics.trace_errors.fetch_add(1, Ordering::Relaxed);
         }
         let exit_value = first.unwrap_or(Ok(0))?;
         Ok(RunOutcome {
