@@ -177,6 +177,15 @@ fn lwp_instructions_are_ud_without_the_profile_or_the_shim() {
 fn bad_lwpcbs_get_the_documented_faults() {
     let outcome = passes("bad_lwpcb", LwpProfile::Emulated);
     assert_eq!(metric(&outcome, "ud_faults"), 8, "eight faulting LLWPCBs");
+    // (not present, protection, #GP) as bad_lwpcb.c's cases add up
+    let denials =
+        ["denied_not_present", "denied_protection", "denied_gp"].map(|m| metric(&outcome, m));
+    assert_eq!(denials, [1, 2, 5], "denials by the check that refused them");
+    assert_eq!(
+        outcome.metrics["vcpus"].as_array().map(Vec::len),
+        Some(1),
+        "per-vCPU counters"
+    );
 }
 
 #[test]
@@ -268,6 +277,7 @@ fn sampled_events_stay_in_their_address_space() {
     let profiling = vm::Profiling {
         sample_hz: 1000,
         trace: Some(trace.clone()),
+        metrics: None,
     };
     let (outcome, text) = boot_profiled(
         "sample_as",

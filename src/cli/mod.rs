@@ -94,7 +94,8 @@ pub struct HostArgs {
     /// Where the serial console goes: `stdout` or a file path.
     #[arg(long, default_value = "stdout")]
     pub serial: String,
-    /// Write the run's counters as JSON to this file.
+    /// Write the run's counters as JSON to this file at exit, and whenever
+    /// lwpvmm receives SIGUSR1.
     #[arg(long)]
     pub metrics: Option<PathBuf>,
     /// Run without seccomp filters (they are on by default).
@@ -123,6 +124,7 @@ impl From<&HostArgs> for Profiling {
         Profiling {
             sample_hz: a.sample_hz,
             trace: a.trace.clone(),
+            metrics: a.metrics.clone(),
         }
     }
 }
@@ -394,6 +396,7 @@ fn demo(out: &mut dyn Write, profile: LwpProfile) -> Result<u8, CliError> {
         profiling: Profiling {
             sample_hz: 1000,
             trace: Some(trace_file.clone()),
+            metrics: None,
         },
     };
     let started = std::time::Instant::now();

@@ -1,8 +1,11 @@
-//! Counters of what the VM did, shared by the vCPU threads and printed as
-//! JSON at the end of a run. Guest-triggered warnings are counted here even
-//! when the rate limiter keeps them out of the log.
+//! Counters of what the VM did, one set per vCPU, printed as JSON (totals
+//! and per vCPU) at the end of a run and on SIGUSR1. Guest-triggered
+//! warnings are counted here even when the rate limiter keeps them out of
+//! the log.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::lwp::fault::{GuestFault, PF_PRESENT, PF_RESERVED};
 
 macro_rules! metrics {
     ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
@@ -64,16 +67,64 @@ metrics! {
     samples_charged,
     /// Trace writes that failed.
     trace_errors,
+    /// LWP instructions and state calls refused with #PF, page not present.
+    denied_not_present,
+    /// ... with #PF, a protection check (user/supervisor, read-only, NX).
+    denied_protection,
+    /// ... with #PF, a reserved bit in a paging entry.
+    denied_reserved_bit,
+    /// ... with #GP(0) (non-canonical, wrapping, not RAM, invalid block).
+    denied_gp,
 }
 
 impl Metrics {
     /// The counters as a JSON object.
     pub fn to_json(&self) -> serde_json::Value {
-        serde_json::Value::Object(
-            self.snapshot()
-                .into_iter()
-                .map(|(k, v)| (k.to_owned(), v.into()))
-                .collect(),
-        )
+        to_object(self.snapshot())
     }
+
+    /// Counts a fault an LWP instruction or state call raised, by the check
+    /// that refused it.
+    pub fn count_denial(&self, fault: GuestFault) {
+        let counter = match fault {
+            GuestFault::PageFault { error_code, .. } if error_code & PF_RESERVED != 0 => {
+                &self.denied_reserved_bit
+            }
+            GuestFault::PageFault { error_code, .. } if error_code & PF_PRESENT != 0 => {
+                &self.denied_protection
+            }
+            GuestFault::PageFault { .. } => &self.denied_not_present,
+            GuestFault::GeneralProtection | GuestFault::InvalidOpcode => &self.denied_gp,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+fn to_object(pairs: Vec<(&'static str, u64)>) -> serde_json::Value {
+    serde_json::Value::Object(
+        pairs
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.into()))
+            .collect(),
+    )
+}
+
+/// The VM's counters: the sum over its vCPUs, then each vCPU's own.
+pub fn vm_json(vcpus: &[std::sync::Arc<Metrics>]) -> serde_json::Value {
+    let per: Vec<Vec<(&'static str, u64)>> = vcpus.iter().map(|m| m.snapshot()).collect();
+    let total = per.first().map_or_else(Vec::new, |first| {
+        first
+            .iter()
+            .enumerate()
+            .map(|(i, (k, _))| (*k, per.iter().map(|p| p[i].1).sum()))
+            .collect()
+    });
+    let mut out = to_object(total);
+    if let serde_json::Value::Object(map) = &mut out {
+        map.insert(
+            "vcpus".into(),
+            serde_json::Value::Array(per.into_iter().map(to_object).collect()),
+        );
+    }
+    out
 }

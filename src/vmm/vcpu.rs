@@ -453,6 +453,7 @@ impl Vcpu {
         match reply {
             Ok(Some(fault)) => {
                 shared.metrics.ud_faults.fetch_add(1, Ordering::Relaxed);
+                shared.metrics.count_denial(fault);
                 return self.inject_after_unwind(shared, regs, sregs, fault);
             }
             Ok(None) => {
@@ -487,6 +488,9 @@ impl Vcpu {
         let (mut regs, sregs) = (sync.regs, sync.sregs);
         let (status, detail) = self.state_call(shared, &regs, &sregs);
         self.note_lwpcb_space(sregs.cr3);
+        if let Some(fault) = detail {
+            shared.metrics.count_denial(fault);
+        }
         if status != StateStatus::Ok {
             guest_warn!(
                 shared.metrics.guest_warnings,
@@ -719,6 +723,7 @@ impl Vcpu {
                     }
                     Outcome::Fault(fault) => {
                         shared.metrics.cpl0_lwp.fetch_add(1, Ordering::Relaxed);
+                        shared.metrics.count_denial(fault);
                         return self.inject(regs, sregs, fault);
                     }
                     Outcome::NotLwp(lwp_insn::NotLwp::LwpDisabled) => {

@@ -32,7 +32,7 @@ use vmm_sys_util::timerfd::TimerFd;
 use super::boot::{self, BootError};
 use super::cpuid;
 use super::devices::{PortBus, SERIAL_IRQ, SerialOut};
-use super::metrics::Metrics;
+use super::metrics::{self, Metrics};
 use super::pause::PauseGate;
 use super::seccomp::{self, ThreadKind};
 use super::snapshot::{self, MemoryLayout, SnapshotError, VcpuSnapshot, VmKvmState, VmSnapshot};
@@ -82,6 +82,8 @@ pub struct Profiling {
     pub sample_hz: u32,
     /// Write every stored LWP record to this trace file.
     pub trace: Option<PathBuf>,
+    /// Where SIGUSR1 writes the counters as JSON while the VM runs.
+    pub metrics: Option<PathBuf>,
 }
 
 /// When and where a running VM writes snapshots.
@@ -578,6 +580,8 @@ struct Control {
     sigusr2: Option<UnixStream>,
     sampler: Option<TimerFd>,
     samples_due: u64,
+    sigusr1: Option<UnixStream>,
+    metrics_due: bool,
     snapshot_due: bool,
     done: bool,
 }
@@ -596,6 +600,10 @@ impl MutEventSubscriber for Control {
             let mut b = [0u8; 16];
             let _ = s.read(&mut b);
             self.snapshot_due = true;
+        } else if let Some(s) = self.sigusr1.as_mut().filter(|s| s.as_raw_fd() == fd) {
+            let mut b = [0u8; 16];
+            let _ = s.read(&mut b);
+            self.metrics_due = true;
         } else {
             self.console_input(ops);
         }
@@ -609,7 +617,7 @@ impl MutEventSubscriber for Control {
         if let Some(t) = &self.sampler {
             let _ = ops.add(Events::new(t, EventSet::IN));
         }
-        if let Some(s) = &self.sigusr2 {
+        for s in self.sigusr2.iter().chain(&self.sigusr1) {
             let _ = ops.add(Events::new(s, EventSet::IN));
         }
         if let Some(s) = &self.stdin
@@ -644,6 +652,18 @@ impl Control {
 fn stdin_is_terminal() -> bool {
     use std::io::IsTerminal;
     std::io::stdin().is_terminal()
+}
+
+/// A socket that receives a byte whenever `signal` arrives (signal-hook
+/// writes it from the handler), for the event loop.
+fn signal_pipe(signal: libc::c_int) -> Result<UnixStream, VmError> {
+    let (reader, writer) = UnixStream::pair().map_err(|e| VmError::Io("signal pipe", e))?;
+    reader
+        .set_nonblocking(true)
+        .map_err(|e| VmError::Io("signal pipe", e))?;
+    signal_hook::low_level::pipe::register(signal, writer)
+        .map_err(|e| VmError::Io("signal handler", e))?;
+    Ok(reader)
 }
 
 fn event_error(what: &'static str) -> impl Fn(event_manager::Error) -> VmError {
@@ -763,19 +783,21 @@ fn run_machine(
     let sample_period = (sampled && profiling.sample_hz > 0)
         .then(|| Duration::from_nanos(1_000_000_000 / u64::from(profiling.sample_hz)));
     let sample_flags: Vec<Arc<AtomicBool>> = vcpus.iter().map(Vcpu::sample_flag).collect();
-    let metrics = Arc::new(Metrics::default());
+    let all_metrics: Vec<Arc<Metrics>> =
+        vcpus.iter().map(|_| Arc::new(Metrics::default())).collect();
+    let metrics = Arc::clone(&all_metrics[0]);
     let stop = Arc::new(AtomicBool::new(false));
     let pause = Arc::new(PauseGate::new(vcpus.len()));
     let msr_indices = Arc::new(msr_indices);
     let exit = EventFd::new(EFD_NONBLOCK).map_err(|e| VmError::Io("exit eventfd", e))?;
     let mut handles = Vec::new();
-    for mut vcpu in vcpus {
+    for (mut vcpu, vcpu_metrics) in vcpus.into_iter().zip(&all_metrics) {
         let shared = Shared {
             vm: Arc::clone(&vm),
             mem: Arc::clone(&mem),
             bus: Arc::clone(&bus),
             stop: Arc::clone(&stop),
-            metrics: Arc::clone(&metrics),
+            metrics: Arc::clone(vcpu_metrics),
             pause: Arc::clone(&pause),
             xsave_size,
             msr_indices: Arc::clone(&msr_indices),
@@ -806,6 +828,8 @@ fn run_machine(
         pause,
         stop,
         metrics,
+        all_metrics,
+        metrics_path: profiling.metrics.clone(),
         exit,
         handles,
         plan: plan.clone(),
@@ -831,6 +855,8 @@ struct ControlThread {
     pause: Arc<PauseGate>,
     stop: Arc<AtomicBool>,
     metrics: Arc<Metrics>,
+    all_metrics: Vec<Arc<Metrics>>,
+    metrics_path: Option<PathBuf>,
     exit: EventFd,
     handles: Vec<thread::JoinHandle<VcpuThreadResult>>,
     plan: SnapshotPlan,
@@ -855,6 +881,8 @@ impl ControlThread {
             pause,
             stop,
             metrics,
+            all_metrics,
+            metrics_path,
             exit,
             handles,
             plan,
@@ -875,16 +903,11 @@ impl ControlThread {
             _ => None,
         };
         let sigusr2 = match &plan.dir {
-            Some(_) => {
-                let (reader, writer) =
-                    UnixStream::pair().map_err(|e| VmError::Io("SIGUSR2 pipe", e))?;
-                reader
-                    .set_nonblocking(true)
-                    .map_err(|e| VmError::Io("SIGUSR2 pipe", e))?;
-                signal_hook::low_level::pipe::register(signal_hook::consts::SIGUSR2, writer)
-                    .map_err(|e| VmError::Io("SIGUSR2 handler", e))?;
-                Some(reader)
-            }
+            Some(_) => Some(signal_pipe(signal_hook::consts::SIGUSR2)?),
+            None => None,
+        };
+        let sigusr1 = match &metrics_path {
+            Some(_) => Some(signal_pipe(signal_hook::consts::SIGUSR1)?),
             None => None,
         };
         let sampler = match sample_period {
@@ -908,6 +931,8 @@ impl ControlThread {
             sigusr2,
             sampler,
             samples_due: 0,
+            sigusr1,
+            metrics_due: false,
             snapshot_due: false,
             done: false,
         }));
@@ -927,15 +952,26 @@ impl ControlThread {
             guest,
         });
         loop {
-            let (done, due, samples) = control.lock().map_or((true, false, 0), |mut c| {
-                (
-                    c.done,
-                    std::mem::take(&mut c.snapshot_due),
-                    std::mem::take(&mut c.samples_due),
-                )
-            });
+            let (done, due, samples, dump) =
+                control.lock().map_or((true, false, 0, false), |mut c| {
+                    (
+                        c.done,
+                        std::mem::take(&mut c.snapshot_due),
+                        std::mem::take(&mut c.samples_due),
+                        std::mem::take(&mut c.metrics_due),
+                    )
+                });
             if done {
                 break;
+            }
+            if let (true, Some(path)) = (dump, &metrics_path) {
+                let json = serde_json::json!({ "vm": metrics::vm_json(&all_metrics) });
+                if let Err(e) = serde_json::to_vec_pretty(&json)
+                    .map_err(std::io::Error::other)
+                    .and_then(|bytes| std::fs::write(path, bytes))
+                {
+                    log::error!("cannot write the metrics to {}: {e}", path.display());
+                }
             }
             if samples > 0 {
                 for (flag, h) in sample_flags.iter().zip(&handles) {
@@ -994,7 +1030,7 @@ impl ControlThread {
         let exit_value = first.unwrap_or(Ok(0))?;
         Ok(RunOutcome {
             exit_value,
-            metrics: metrics.to_json(),
+            metrics: metrics::vm_json(&all_metrics),
             lwp,
         })
     }
