@@ -26,6 +26,7 @@ const GUESTS: &[&str] = &[
     "hostile",
     "pt_race",
     "sample_as",
+    "throughput",
 ];
 
 /// Guests that share another guest's CPL0 part: (guest, assembly source).

@@ -4,7 +4,9 @@
 //! - an LWP_CFG RDMSR exit against a CPL0 port-I/O exit;
 //! - process start to exit of the minimal guest under lwpvmm and, when
 //!   `qemu-system-x86_64` is installed, under QEMU: wall time and peak RSS;
-//! - snapshot and restore time of a 256 MiB guest, and the snapshot's size.
+//! - snapshot and restore time of a 256 MiB guest, and the snapshot's size;
+//! - guest CPL3 throughput with the sampler off, at 1 kHz and at 10 kHz,
+//!   against a null sampler that only kicks.
 //!
 //! `cargo bench --bench vmm` (not run by CI). Cycle counts come from the
 //! guest's RDTSC, so the ratios do not depend on the TSC frequency. Wall
@@ -211,6 +213,58 @@ fn snapshots() {
     let _ = std::fs::remove_file(elf);
 }
 
+/// Guest TSC cycles the throughput guest's loop took.
+fn throughput(sample_hz: u32, lwp: bool) -> f64 {
+    let console = Arc::new(Mutex::new(Vec::new()));
+    let config = VmConfig {
+        kernel: lwpvmm::guests::get("throughput").expect("guest").to_vec(),
+        initramfs: None,
+        cmdline: format!("lwp={}", u8::from(lwp)),
+        memory_mib: 64,
+        vcpus: 1,
+        profile: LwpProfile::Emulated,
+        guest: GuestLwpSupport::Shim,
+        serial: SerialOut::Capture(Arc::clone(&console)),
+        snapshots: vm::SnapshotPlan::default(),
+        seccomp: true,
+        profiling: vm::Profiling {
+            sample_hz,
+            trace: None,
+            metrics: None,
+        },
+    };
+    vm::run(&config).expect("throughput guest");
+    let text = String::from_utf8_lossy(&console.lock().unwrap()).into_owned();
+    text.lines()
+        .find_map(|l| l.strip_prefix("throughput "))
+        .expect("result")
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+fn sampler() {
+    let off = throughput(0, true);
+    let k1 = throughput(1000, true);
+    let k10 = throughput(10_000, true);
+    let null10 = throughput(10_000, false);
+    println!("CPL3 throughput under the sampler (guest TSC cycles for a fixed loop):");
+    println!("  sampler off          {off:>14.0}");
+    println!(
+        "  1 kHz, CNH charged   {k1:>14.0}  loss {:.1}%  (goal <= 3%)",
+        100.0 * (k1 / off - 1.0)
+    );
+    println!(
+        "  10 kHz, CNH charged  {k10:>14.0}  loss {:.1}%",
+        100.0 * (k10 / off - 1.0)
+    );
+    println!("  10 kHz, kicks only   {null10:>14.0}");
+    println!(
+        "  10 kHz charged / null sampler = {:.2}  (goal <= 1.2)",
+        k10 / null10
+    );
+}
+
 fn main() {
     if !std::path::Path::new("/dev/kvm").exists() {
         eprintln!("the VMM benchmarks need /dev/kvm, which is missing");
@@ -221,5 +275,6 @@ fn main() {
         round_trips();
         starts();
         snapshots();
+        sampler();
     }
 }
