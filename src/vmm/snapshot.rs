@@ -192,6 +192,10 @@ pub struct LwpSection {
     /// The component-62 image of the same state (for tools; checked against
     /// `unit` on restore).
     pub component62: Vec<u8>,
+    /// CR3 (address bits) of the address space that loaded the LWPCB: the
+    /// only one the sampler charges.
+    #[serde(default)]
+    pub lwpcb_cr3: Option<u64>,
 }
 
 /// Encodes a state file: header, then the JSON payload.

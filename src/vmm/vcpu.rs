@@ -265,9 +265,11 @@ impl Vcpu {
         &self.fd
     }
 
-    /// Replaces the LWP unit (restoring a snapshot).
-    pub fn set_unit(&mut self, unit: Option<LwpUnit>) {
+    /// Replaces the LWP unit and the address space that loaded its LWPCB
+    /// (restoring a snapshot).
+    pub fn set_unit(&mut self, unit: Option<LwpUnit>, lwpcb_cr3: Option<u64>) {
         self.unit = unit;
+        self.lwpcb_cr3 = lwpcb_cr3.map(|c| c & CR3_ADDR);
     }
 
     /// Hands `regs` to KVM through the sync-regs area, applied at the next
@@ -297,6 +299,7 @@ impl Vcpu {
             snapshot.lwp = self.unit.as_ref().map(|u| LwpSection {
                 unit: u.state(),
                 component62: u.save_xsave().to_bytes().to_vec(),
+                lwpcb_cr3: self.lwpcb_cr3,
             });
             snapshot
         })

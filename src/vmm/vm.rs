@@ -355,7 +355,7 @@ pub fn restore(config: &RestoreConfig) -> Result<RunOutcome, VmError> {
         let unit = restore_lwp(&machine.mem, profile, saved)?;
         vcpu_state::apply(vcpu.fd(), saved, machine.xsave_size)
             .map_err(|e| VmError::VcpuState(saved.id, e))?;
-        vcpu.set_unit(unit);
+        vcpu.set_unit(unit, saved.lwp.as_ref().and_then(|l| l.lwpcb_cr3));
     }
     let vm = &machine.vm;
     vm.set_pit2(&snap.vm.pit).map_err(setup("KVM_SET_PIT2"))?;
