@@ -27,6 +27,7 @@ const GUESTS: &[&str] = &[
     "pt_race",
     "sample_as",
     "throughput",
+    "precise",
 ];
 
 /// Guests that share another guest's CPL0 part: (guest, assembly source).

@@ -311,6 +311,19 @@ fn sampled_events_stay_in_their_address_space() {
     std::fs::remove_file(trace).unwrap();
 }
 
+#[test]
+fn precise_events_by_single_stepping() {
+    for profile in [LwpProfile::Precise, LwpProfile::Bulldozer] {
+        let outcome = passes("precise", profile);
+        assert_eq!(
+            metric(&outcome, "steps"),
+            194,
+            "{profile}: one trap per stepped instruction"
+        );
+        assert_eq!(outcome.lwp[0].records_stored, 12 + 6, "{profile}");
+    }
+}
+
 /// Writes an embedded guest to a file of its own (tests run in parallel).
 fn guest_file(name: &str) -> PathBuf {
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);

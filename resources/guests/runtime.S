@@ -22,6 +22,8 @@
 #define AP_TRAMPOLINE 0x8000
 
 #define PV_UD_PORT 0x5c
+#define PV_DB_PORT 0x5b
+#define PV_STATE_PORT 0x5d
 #define EXIT_PORT  0xf4
 #define LAPIC_BASE 0xfee00000
 
@@ -77,6 +79,7 @@ start64:
         call    setup_idt
         lidt    idt_desc
         call    read_cpuid
+        call    declare_db_doorbell
         call    cpu_init
         call    kernel_hook
 
@@ -182,6 +185,17 @@ ud_handler:
         pushq   $6
         jmp     fault_common
 
+/* #DB: the paravirtual single-step doorbell (precise LWP events), declared
+ * to the VMM at boot. CF clear: a step of the VMM's, resume; CF set: the
+ * guest's own #DB. */
+db_handler:
+        out     %al, $PV_DB_PORT
+        jc      1f
+        iretq
+1:      pushq   $0
+        pushq   $1
+        jmp     fault_common
+
 .macro FAULT_NOCODE vec
 fault_\vec:
         pushq   $0
@@ -194,7 +208,6 @@ fault_\vec:
         jmp     fault_common
 .endm
         FAULT_NOCODE 0
-        FAULT_NOCODE 1
         FAULT_NOCODE 3
         FAULT_CODE 13
         FAULT_CODE 14
@@ -219,6 +232,7 @@ fault_common:
         mov     32(%rsp), %rdx
         mov     %rdx, fault_rip
         mov     %rax, 32(%rsp)
+        andq    $~0x100, 48(%rsp)               /* resume without TF */
         incq    fault_count
         pop     %rdx
         pop     %rax
@@ -243,6 +257,17 @@ irq_\vec:
         .irp v, 0x40,0x41,0x42,0x43,0x44,0x45,0x46,0x47,0x48,0x49,0x4a,0x4b,0x4c,0x4d,0x4e,0x4f
         IRQ \v
         .endr
+
+/* Tells the VMM that the #DB handler starts with the #DB doorbell, when
+ * the VMM offers it (0x40000101.EBX bit 3). */
+declare_db_doorbell:
+        cmpl    $0x40000101, cpuid_table + 72 + 8      /* lwpvmm's leaves present */
+        jb      1f
+        testl   $8, cpuid_table + 96 + 12               /* 0x40000101.EBX[3] */
+        jz      1f
+        mov     $3, %eax
+        out     %al, $PV_STATE_PORT
+1:      ret
 
 /* Writes base %rax into the 16-byte TSS descriptor at %rdi (bits 15:0,
  * 23:16, 31:24, 63:32). */
@@ -402,7 +427,7 @@ gdt_desc:
         TSS tss_ap, ap_kernel_stack_top
 
 idt_handlers:
-        .quad 0, fault_0, 1, fault_1, 3, fault_3, 6, ud_handler
+        .quad 0, fault_0, 1, db_handler, 3, fault_3, 6, ud_handler
         .quad 13, fault_13, 14, fault_14
         .irp v, 0x40,0x41,0x42,0x43,0x44,0x45,0x46,0x47,0x48,0x49,0x4a,0x4b,0x4c,0x4d,0x4e,0x4f
         .quad \v, irq_\v

@@ -315,6 +315,11 @@ impl LwpUnit {
         }
     }
 
+    /// True when `feature` is enabled in both the loaded LWPCB and LWP_CFG.
+    pub fn counts(&self, feature: LwpFeatures) -> bool {
+        self.effective(feature)
+    }
+
     fn effective(&self, feature: LwpFeatures) -> bool {
         self.block
             .is_some_and(|b| (b.flags & self.cfg.features()).contains(feature))

@@ -6,7 +6,7 @@
 
 use crate::lwp::cpuid::{
     CpuidEntry, EXT_FEATURES_ECX_LWP, GuestLwpSupport, LEAF_EXT_FEATURES, LEAF_EXT_MAX, LEAF_LWP,
-    LwpProfile,
+    LwpFeatures, LwpProfile,
 };
 
 /// First leaf of lwpvmm's hypervisor range.
@@ -27,6 +27,10 @@ pub const PV_FEATURE_UD_DOORBELL: u32 = 1 << 0;
 pub const PV_FEATURE_EXIT_PORT: u32 = 1 << 1;
 /// PV feature bit: the LWP state calls (component-62 save and restore).
 pub const PV_FEATURE_LWP_STATE: u32 = 1 << 2;
+/// PV feature bit: the #DB doorbell, for precise events by single-stepping.
+pub const PV_FEATURE_DB_DOORBELL: u32 = 1 << 3;
+/// The port the guest's #DB handler writes to (its first instruction).
+pub const PV_DB_PORT: u16 = 0x5b;
 /// The port the guest's #UD handler writes to (its first instruction).
 pub const PV_UD_PORT: u16 = 0x5c;
 /// The port of the LWP state calls (docs/pv-abi.md).
@@ -47,6 +51,9 @@ pub fn build(
         .copied()
         .collect();
     let has_lwp = profile.caps().is_some();
+    let precise = profile
+        .caps()
+        .is_some_and(|c| c.supported.intersects(LwpFeatures::IRE | LwpFeatures::BRE));
     for e in &mut table {
         match e.leaf {
             1 => e.ebx = (e.ebx & 0x00FF_FFFF) | u32::from(vcpu_id) << 24,
@@ -79,7 +86,12 @@ pub fn build(
         } else {
             0
         }
-        | if has_lwp { PV_FEATURE_LWP_STATE } else { 0 };
+        | if has_lwp { PV_FEATURE_LWP_STATE } else { 0 }
+        | if precise && guest == GuestLwpSupport::Shim {
+            PV_FEATURE_DB_DOORBELL
+        } else {
+            0
+        };
     table.push(CpuidEntry {
         leaf: LEAF_PV_BASE,
         subleaf: 0,

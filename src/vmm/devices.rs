@@ -11,7 +11,7 @@ use vm_superio::serial::{NoEvents, SerialState};
 use vm_superio::{Serial, Trigger};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::cpuid::{EXIT_PORT, PV_STATE_PORT, PV_UD_PORT};
+use super::cpuid::{EXIT_PORT, PV_DB_PORT, PV_STATE_PORT, PV_UD_PORT};
 use super::snapshot::SerialSnapshot;
 
 /// The serial port's first register.
@@ -81,6 +81,8 @@ pub enum PortAction {
     UdDoorbell,
     /// An LWP state call (save or restore component 62).
     LwpStateCall,
+    /// The #DB doorbell: a single-step trap for precise events.
+    DbDoorbell,
     /// No device at this port.
     Unclaimed,
 }
@@ -148,6 +150,7 @@ impl PortBus {
             POST_PORT => PortAction::Handled,
             PV_UD_PORT => PortAction::UdDoorbell,
             PV_STATE_PORT => PortAction::LwpStateCall,
+            PV_DB_PORT => PortAction::DbDoorbell,
             _ => PortAction::Unclaimed,
         }
     }
@@ -202,6 +205,7 @@ mod tests {
             (0xf4, 3, PortAction::Exit(3)),
             (0x5c, 0, PortAction::UdDoorbell),
             (0x5d, 1, PortAction::LwpStateCall),
+            (0x5b, 0, PortAction::DbDoorbell),
             (0x80, 0, PortAction::Handled),
             (0x81, 0, PortAction::Unclaimed),
         ];

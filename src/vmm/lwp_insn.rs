@@ -3,7 +3,9 @@
 //! memory through the guard), the LWP unit, and the results to write back.
 //! Shared by the paravirtual #UD doorbell and the CPL0 emulation-failure path.
 
-use iced_x86::{Decoder, DecoderError, DecoderOptions, Instruction, Mnemonic, OpKind, Register};
+use iced_x86::{
+    Decoder, DecoderError, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind, Register,
+};
 use kvm_bindings::kvm_regs;
 
 use crate::guard::{Access, GuestView};
@@ -70,6 +72,47 @@ pub enum LwpMnemonic {
     Lwpins,
     /// LWPVAL.
     Lwpval,
+}
+
+/// A retired branch, as BRE records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Branch {
+    /// Whether control went to the target.
+    pub taken: bool,
+    /// The target: where control went when taken, the branch's own target
+    /// when not (Data2 of the record).
+    pub target: u64,
+}
+
+/// Classifies the instruction at `rip` (its bytes in `bytes`) that just
+/// retired, with control now at `next`: a branch or not. Jumps, calls and
+/// returns (direct or indirect, conditional or not) are branches.
+pub fn retired_branch(bytes: &[u8], rip: u64, next: u64) -> Option<Branch> {
+    let mut decoder = Decoder::try_with_ip(64, bytes, rip, DecoderOptions::NONE).ok()?;
+    let insn = decoder.decode();
+    if insn.is_invalid() {
+        return None;
+    }
+    let taken = next != insn.next_ip();
+    match insn.flow_control() {
+        FlowControl::ConditionalBranch => Some(Branch {
+            taken,
+            target: if taken {
+                next
+            } else {
+                insn.near_branch_target()
+            },
+        }),
+        FlowControl::UnconditionalBranch
+        | FlowControl::IndirectBranch
+        | FlowControl::Call
+        | FlowControl::IndirectCall
+        | FlowControl::Return => Some(Branch {
+            taken: true,
+            target: next,
+        }),
+        _ => None,
+    }
 }
 
 /// Reads up to [`MAX_INSN_LEN`] instruction bytes at `rip`, stopping at the
@@ -438,6 +481,57 @@ mod tests {
                 error_code: 4
             })
         );
+    }
+
+    #[test]
+    fn branches_are_classified() {
+        // (bytes at 0x1000, next RIP, expected)
+        let table: [(&[u8], u64, Option<Branch>); 6] = [
+            (
+                &[0x75, 0xfc],
+                0xffe,
+                Some(Branch {
+                    taken: true,
+                    target: 0xffe,
+                }),
+            ),
+            (
+                &[0x75, 0xfc],
+                0x1002,
+                Some(Branch {
+                    taken: false,
+                    target: 0xffe,
+                }),
+            ),
+            (
+                &[0xeb, 0x10],
+                0x1012,
+                Some(Branch {
+                    taken: true,
+                    target: 0x1012,
+                }),
+            ),
+            (
+                &[0xff, 0xe0],
+                0x5000,
+                Some(Branch {
+                    taken: true,
+                    target: 0x5000,
+                }),
+            ),
+            (
+                &[0xc3],
+                0x7777,
+                Some(Branch {
+                    taken: true,
+                    target: 0x7777,
+                }),
+            ),
+            (&[0xff, 0xc9], 0x1002, None),
+        ];
+        for (bytes, next, want) in table {
+            assert_eq!(retired_branch(bytes, 0x1000, next), want, "{bytes:x?}");
+        }
     }
 
     #[test]

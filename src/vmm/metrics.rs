@@ -61,6 +61,8 @@ metrics! {
     guest_warnings,
     /// Snapshots written.
     snapshots,
+    /// Single steps of the trap-flag backend (precise IRE/BRE).
+    steps,
     /// Sampling kicks handled by vCPUs.
     sampler_kicks,
     /// Samples charged to CNH/RNH (CPL3, in the LWPCB's address space).

@@ -21,6 +21,7 @@ use super::vcpu_state;
 use crate::guard::{Access, GuestMemory, GuestView, Paging};
 use crate::guest_warn;
 use crate::lwp::cpuid::CpuidEntry;
+use crate::lwp::cpuid::LwpFeatures;
 use crate::lwp::fault::GuestFault;
 use crate::lwp::msr::{MSR_LWP_CBADDR, MSR_LWP_CFG};
 use crate::lwp::record::EventId;
@@ -29,10 +30,13 @@ use crate::lwp::xsave::LwpXsaveArea;
 use crate::profile::trace::{TraceRecord, TraceWriter};
 
 const RFLAGS_CF: u64 = 1;
+const RFLAGS_TF: u64 = 1 << 8;
 /// LWP state call: save component 62 into the area.
 pub const STATE_SAVE: u8 = 1;
 /// LWP state call: restore component 62 from the area.
 pub const STATE_RESTORE: u8 = 2;
+/// LWP state call: the guest's #DB handler starts with the #DB doorbell.
+pub const STATE_DECLARE_DB: u8 = 3;
 
 /// The status an LWP state call returns in RAX.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -168,6 +172,8 @@ pub struct Vcpu {
     sample_due: Arc<AtomicBool>,
     last_sample: Option<u64>,
     lwpcb_cr3: Option<u64>,
+    db_declared: bool,
+    step_from: Option<u64>,
 }
 
 impl Vcpu {
@@ -193,6 +199,92 @@ impl Vcpu {
             sample_due: Arc::new(AtomicBool::new(false)),
             last_sample: None,
             lwpcb_cr3: None,
+            db_declared: false,
+            step_from: None,
+        }
+    }
+
+    /// True when the context (CPL, CR3) runs under a live LWPCB with IRE or
+    /// BRE enabled and the guest has declared its #DB doorbell: every
+    /// instruction it retires must be stepped.
+    fn precise_live(&self, cpl3: bool, cr3: u64) -> bool {
+        self.db_declared
+            && cpl3
+            && self.lwpcb_cr3 == Some(cr3 & CR3_ADDR)
+            && self
+                .unit
+                .as_ref()
+                .is_some_and(|u| u.counts(LwpFeatures::IRE) || u.counts(LwpFeatures::BRE))
+    }
+
+    /// The #DB doorbell (docs/pv-abi.md): a single-step trap of the
+    /// trap-flag backend. The instruction at `step_from` has retired and
+    /// control is at the frame's RIP. Counts IRE, and BRE for a branch, then
+    /// keeps TF in the frame while the context stays live. A #DB the VMM did
+    /// not cause (no stepping in progress) goes to the guest's own handler.
+    fn db_doorbell(&mut self, shared: &Shared) {
+        let sync = self.fd.sync_regs();
+        let (mut regs, sregs) = (sync.regs, sync.sregs);
+        let Some(prev) = self.step_from.take().filter(|_| sregs.cs.dpl == 0) else {
+            regs.rflags |= RFLAGS_CF;
+            self.commit_regs(regs);
+            return;
+        };
+        let Ok(paging) = paging_of(&sregs) else {
+            regs.rflags |= RFLAGS_CF;
+            self.commit_regs(regs);
+            return;
+        };
+        let mut view = GuestView::new(&shared.mem, paging);
+        let mut frame = Frame::default();
+        if view
+            .read(regs.rsp, frame.as_mut_slice(), Access::SupervisorRead)
+            .is_err()
+        {
+            regs.rflags |= RFLAGS_CF;
+            self.commit_regs(regs);
+            return;
+        }
+        let user = frame.cs & 3 == 3;
+        let tsc = self.guest_tsc();
+        if let (true, Some(unit)) = (user, self.unit.as_mut()) {
+            shared.metrics.steps.fetch_add(1, Ordering::Relaxed);
+            unit.count(&mut view, EventId::Ire, 1, prev, tsc);
+            if unit.counts(LwpFeatures::BRE)
+                && let Ok((bytes, len)) = lwp_insn::fetch(&view, prev, true)
+                && let Some(b) = lwp_insn::retired_branch(&bytes[..len], prev, frame.rip)
+            {
+                unit.retire_branch(&mut view, prev, b.target, b.taken, tsc);
+            }
+        }
+        if self.precise_live(user, sregs.cr3) {
+            self.step_from = Some(frame.rip);
+            frame.rflags |= RFLAGS_TF;
+        } else {
+            frame.rflags &= !RFLAGS_TF;
+        }
+        if view
+            .write(regs.rsp, frame.as_slice(), Access::SupervisorWrite)
+            .is_err()
+        {
+            self.step_from = None;
+        }
+        regs.rflags &= !RFLAGS_CF;
+        self.commit_regs(regs);
+    }
+
+    /// Starts stepping at an exit that finds the context live at CPL3 but
+    /// not stepped (stepping stops where event delivery masks TF).
+    fn arm_stepping(&mut self) {
+        if self.step_from.is_some() {
+            return;
+        }
+        let sync = self.fd.sync_regs();
+        let (mut regs, sregs) = (sync.regs, sync.sregs);
+        if self.precise_live(sregs.cs.dpl == 3, sregs.cr3) {
+            self.step_from = Some(regs.rip);
+            regs.rflags |= RFLAGS_TF;
+            self.commit_regs(regs);
         }
     }
 
@@ -257,6 +349,7 @@ impl Vcpu {
                 }
             }
         }
+        self.arm_stepping();
         self.deliver_interrupt(shared);
     }
 
@@ -432,6 +525,7 @@ impl Vcpu {
                 PortAction::Exit(value) => return Ok(VcpuStop::ExitPort(value)),
                 PortAction::UdDoorbell => self.ud_doorbell(shared)?,
                 PortAction::LwpStateCall => self.lwp_state_call(shared),
+                PortAction::DbDoorbell => self.db_doorbell(shared),
                 PortAction::Handled | PortAction::Unclaimed => {}
             }
             self.after_exit(shared);
@@ -552,6 +646,10 @@ impl Vcpu {
                     }
                 }
             }
+            STATE_DECLARE_DB => {
+                self.db_declared = true;
+                (StateStatus::Ok, None)
+            }
             _ => (StateStatus::BadCall, None),
         }
     }
@@ -594,6 +692,16 @@ impl Vcpu {
             Outcome::Done { next_rip, mnemonic } => {
                 count_mnemonic(&shared.metrics, mnemonic);
                 self.note_lwpcb_space(sregs.cr3);
+                let stepping = self.step_from.take().is_some();
+                if self.precise_live(user, sregs.cr3) {
+                    if stepping && let Some(unit) = self.unit.as_mut() {
+                        unit.count(&mut view, EventId::Ire, 1, frame.rip, tsc);
+                    }
+                    self.step_from = Some(next_rip);
+                    ctx.rflags |= RFLAGS_TF;
+                } else if stepping {
+                    ctx.rflags &= !RFLAGS_TF;
+                }
                 frame.rip = next_rip;
                 frame.rsp = ctx.rsp;
                 frame.rflags = ctx.rflags;
