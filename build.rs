@@ -28,6 +28,7 @@ const GUESTS: &[&str] = &[
     "sample_as",
     "throughput",
     "precise",
+    "stepping",
 ];
 
 /// Guests that share another guest's CPL0 part: (guest, assembly source).

@@ -6,7 +6,8 @@
 //!   `qemu-system-x86_64` is installed, under QEMU: wall time and peak RSS;
 //! - snapshot and restore time of a 256 MiB guest, and the snapshot's size;
 //! - guest CPL3 throughput with the sampler off, at 1 kHz and at 10 kHz,
-//!   against a null sampler that only kicks.
+//!   against a null sampler that only kicks;
+//! - single-stepping cost per instruction with IRE, and with IRE and BRE.
 //!
 //! `cargo bench --bench vmm` (not run by CI). Cycle counts come from the
 //! guest's RDTSC, so the ratios do not depend on the TSC frequency. Wall
@@ -243,6 +244,43 @@ fn throughput(sample_hz: u32, lwp: bool) -> f64 {
         .unwrap()
 }
 
+/// Guest TSC cycles per stepped instruction.
+fn stepping(bre: bool) -> f64 {
+    let console = Arc::new(Mutex::new(Vec::new()));
+    let config = VmConfig {
+        kernel: lwpvmm::guests::get("stepping").expect("guest").to_vec(),
+        initramfs: None,
+        cmdline: format!("bre={} iterations=4000", u8::from(bre)),
+        memory_mib: 64,
+        vcpus: 1,
+        profile: LwpProfile::Precise,
+        guest: GuestLwpSupport::Shim,
+        serial: SerialOut::Capture(Arc::clone(&console)),
+        snapshots: vm::SnapshotPlan::default(),
+        seccomp: true,
+        profiling: vm::Profiling::default(),
+    };
+    vm::run(&config).expect("stepping guest");
+    let text = String::from_utf8_lossy(&console.lock().unwrap()).into_owned();
+    let v: Vec<f64> = text
+        .lines()
+        .find_map(|l| l.strip_prefix("stepping "))
+        .expect("result")
+        .split(' ')
+        .map(|x| x.trim().parse().unwrap())
+        .collect();
+    v[0] / v[1]
+}
+
+fn precise() {
+    let ire = stepping(false);
+    let both = stepping(true);
+    println!("precise stepping (trap-flag backend, guest TSC cycles per stepped instruction):");
+    println!("  IRE only          {ire:>10.0}");
+    println!("  IRE + BRE         {both:>10.0}  (every instruction also decoded)");
+    println!("  IRE+BRE steps/s relative to IRE-only = {:.2}", ire / both);
+}
+
 fn sampler() {
     let off = throughput(0, true);
     let k1 = throughput(1000, true);
@@ -276,5 +314,6 @@ fn main() {
         starts();
         snapshots();
         sampler();
+        precise();
     }
 }
