@@ -29,6 +29,7 @@ const GUESTS: &[&str] = &[
     "throughput",
     "precise",
     "stepping",
+    "stepprobe",
 ];
 
 /// Guests that share another guest's CPL0 part: (guest, assembly source).

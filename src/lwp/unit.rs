@@ -96,6 +96,7 @@ pub struct LwpUnit {
     interrupt_due: bool,
     stats: UnitStats,
     log: Option<Vec<EventRecord>>,
+    withheld: LwpFeatures,
 }
 
 impl LwpUnit {
@@ -108,7 +109,15 @@ impl LwpUnit {
             interrupt_due: false,
             stats: UnitStats::default(),
             log: None,
+            withheld: LwpFeatures::empty(),
         }
+    }
+
+    /// Features the VMM cannot produce at the moment (precise events before
+    /// the guest declared its #DB doorbell): LLWPCB does not grant them and
+    /// they are not counted, as if LWP_CFG did not enable them.
+    pub fn withhold(&mut self, features: LwpFeatures) {
+        self.withheld = features;
     }
 
     /// Keeps a copy of every record stored from now on, for a host-side
@@ -172,7 +181,7 @@ impl LwpUnit {
             self.block = None;
             return Ok(());
         }
-        let grant = self.cfg.features();
+        let grant = self.cfg.features() - self.withheld;
         let block = self.load(mem, address, grant, None)?;
         self.write_back(mem, &block)?;
         self.block = Some(block);
@@ -304,6 +313,7 @@ impl LwpUnit {
             interrupt_due: state.interrupt_due,
             stats: UnitStats::default(),
             log: None,
+            withheld: LwpFeatures::empty(),
         })
     }
 
@@ -322,7 +332,7 @@ impl LwpUnit {
 
     fn effective(&self, feature: LwpFeatures) -> bool {
         self.block
-            .is_some_and(|b| (b.flags & self.cfg.features()).contains(feature))
+            .is_some_and(|b| (b.flags & (self.cfg.features() - self.withheld)).contains(feature))
     }
 
     /// Reads, checks and normalises the block at `address`. With `image`,
@@ -1008,6 +1018,20 @@ mod tests {
         );
         assert_eq!(log[0].data1, 0);
         assert!(r.unit.drain_log().is_empty(), "drained");
+    }
+
+    #[test]
+    fn withheld_features_are_neither_granted_nor_counted() {
+        let mut r = rig(LwpProfile::Precise, 0xC, 4096);
+        r.unit.withhold(LwpFeatures::IRE | LwpFeatures::BRE);
+        r.load();
+        assert_eq!(r.u32_at(CB + OFF_FLAGS), 0, "LLWPCB does not grant them");
+        r.unit.count(&mut r.mem, EventId::Ire, 100, 0, 0);
+        assert_eq!(r.unit.stats().records_stored, 0);
+        r.unit.withhold(LwpFeatures::empty());
+        r.set_u32(OFF_FLAGS, 0xC);
+        r.load();
+        assert_eq!(r.u32_at(CB + OFF_FLAGS), 0xC, "granted once available");
     }
 
     #[test]

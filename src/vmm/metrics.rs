@@ -61,8 +61,12 @@ metrics! {
     guest_warnings,
     /// Snapshots written.
     snapshots,
-    /// Single steps of the trap-flag backend (precise IRE/BRE).
+    /// Single steps for precise IRE/BRE.
     steps,
+    /// 1 when precise events use KVM's single-step (guest debug).
+    step_backend_guest_debug,
+    /// 1 when precise events use the trap flag and the #DB doorbell.
+    step_backend_trap_flag,
     /// Sampling kicks handled by vCPUs.
     sampler_kicks,
     /// Samples charged to CNH/RNH (CPL3, in the LWPCB's address space).

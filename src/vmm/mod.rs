@@ -10,6 +10,7 @@ pub mod pause;
 pub mod ratelimit;
 pub mod seccomp;
 pub mod snapshot;
+pub mod step;
 pub mod vcpu;
 pub mod vcpu_state;
 pub mod vm;

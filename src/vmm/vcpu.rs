@@ -7,7 +7,10 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use kvm_bindings::{kvm_msi, kvm_regs, kvm_run, kvm_segment, kvm_sregs};
+use kvm_bindings::{
+    KVM_GUESTDBG_ENABLE, KVM_GUESTDBG_SINGLESTEP, kvm_debug_exit_arch, kvm_guest_debug, kvm_msi,
+    kvm_regs, kvm_run, kvm_segment, kvm_sregs,
+};
 use kvm_ioctls::{SyncReg, VcpuExit, VcpuFd, VmFd};
 use thiserror::Error;
 use vm_memory::ByteValued;
@@ -17,6 +20,7 @@ use super::lwp_insn::{self, Context, LwpMnemonic, MAX_INSN_LEN, Outcome};
 use super::metrics::Metrics;
 use super::pause::PauseGate;
 use super::snapshot::LwpSection;
+use super::step::{self, StepBackend};
 use super::vcpu_state;
 use crate::guard::{Access, GuestMemory, GuestView, Paging};
 use crate::guest_warn;
@@ -174,6 +178,8 @@ pub struct Vcpu {
     lwpcb_cr3: Option<u64>,
     db_declared: bool,
     step_from: Option<u64>,
+    backend: StepBackend,
+    stepping: bool,
 }
 
 impl Vcpu {
@@ -201,6 +207,120 @@ impl Vcpu {
             lwpcb_cr3: None,
             db_declared: false,
             step_from: None,
+            backend: StepBackend::TrapFlag,
+            stepping: false,
+        }
+    }
+
+    /// Chooses how this vCPU single-steps. With the trap-flag backend the
+    /// precise events stay withheld until the guest declares its #DB
+    /// doorbell.
+    pub fn set_step_backend(&mut self, backend: StepBackend) {
+        self.backend = backend;
+        self.stepping = true;
+        self.update_withheld();
+    }
+
+    fn update_withheld(&mut self) {
+        let ready = self.backend == StepBackend::GuestDebug || self.db_declared;
+        if let Some(u) = self.unit.as_mut() {
+            u.withhold(if ready {
+                LwpFeatures::empty()
+            } else {
+                LwpFeatures::IRE | LwpFeatures::BRE
+            });
+        }
+    }
+
+    /// The start-up probe of the stepping backends, run on a vCPU of a
+    /// throwaway VM booted with the `stepprobe` guest: KVM's single-step is
+    /// turned on at the guest's CPL3 port write; a Debug exit at CPL3 means
+    /// the guest-debug backend works, the guest's #DB doorbell (or the exit
+    /// port) means the trap flag went to the guest instead.
+    pub fn probe_stepping(&mut self) -> Result<StepBackend, VcpuError> {
+        self.fd.set_sync_valid_reg(SyncReg::SystemRegister);
+        let mut enabled = false;
+        for _ in 0..10_000 {
+            // None: a Debug exit; Some(port): a port write; other exits end
+            // the probe.
+            let seen = match self.fd.run() {
+                Ok(VcpuExit::IoOut(port, _)) => Some(Some(port)),
+                Ok(VcpuExit::IoIn(_, data)) => {
+                    data.fill(0xff);
+                    Some(Some(0))
+                }
+                Ok(VcpuExit::Debug(_)) => Some(None),
+                Err(e) if e.errno() == libc::EINTR => Some(Some(0)),
+                _ => None,
+            };
+            match seen {
+                None => return Ok(StepBackend::TrapFlag),
+                Some(None) if self.fd.sync_regs().sregs.cs.dpl == 3 => {
+                    return Ok(StepBackend::GuestDebug);
+                }
+                Some(Some(super::devices::POST_PORT)) if !enabled => {
+                    enabled = true;
+                    self.guest_debug(true)?;
+                }
+                Some(Some(super::cpuid::PV_DB_PORT | super::cpuid::EXIT_PORT)) => {
+                    return Ok(StepBackend::TrapFlag);
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(StepBackend::TrapFlag)
+    }
+
+    /// Turns KVM's single-step on or off (guest-debug backend).
+    fn guest_debug(&mut self, on: bool) -> Result<(), VcpuError> {
+        let id = self.id;
+        let debug = kvm_guest_debug {
+            control: if on {
+                KVM_GUESTDBG_ENABLE | KVM_GUESTDBG_SINGLESTEP
+            } else {
+                0
+            },
+            ..Default::default()
+        };
+        self.fd
+            .set_guest_debug(&debug)
+            .map_err(|source| VcpuError::Ioctl {
+                vcpu: id,
+                what: "KVM_SET_GUEST_DEBUG",
+                source,
+            })
+    }
+
+    /// A Debug exit of the guest-debug backend: a step at CPL3 retires the
+    /// instruction at `step_from`; steps through CPL0 code (a handler) are
+    /// not counted.
+    fn debug_exit(&mut self, shared: &Shared, exit: &kvm_debug_exit_arch) -> Result<(), VcpuError> {
+        let Some(pc) = step::debug_exit_step(exit) else {
+            return Ok(());
+        };
+        let sregs = self.fd.sync_regs().sregs;
+        if sregs.cs.dpl != 3 {
+            return Ok(());
+        }
+        let tsc = self.guest_tsc();
+        if let (Some(prev), Some(unit), Ok(paging)) =
+            (self.step_from, self.unit.as_mut(), paging_of(&sregs))
+        {
+            shared.metrics.steps.fetch_add(1, Ordering::Relaxed);
+            step::retire(
+                unit,
+                &mut GuestView::new(&shared.mem, paging),
+                prev,
+                pc,
+                tsc,
+            );
+        }
+        if self.precise_live(true, sregs.cr3) {
+            self.step_from = Some(pc);
+            Ok(())
+        } else {
+            self.step_from = None;
+            self.guest_debug(false)
         }
     }
 
@@ -208,7 +328,7 @@ impl Vcpu {
     /// BRE enabled and the guest has declared its #DB doorbell: every
     /// instruction it retires must be stepped.
     fn precise_live(&self, cpl3: bool, cr3: u64) -> bool {
-        self.db_declared
+        (self.db_declared || self.backend == StepBackend::GuestDebug)
             && cpl3
             && self.lwpcb_cr3 == Some(cr3 & CR3_ADDR)
             && self
@@ -249,13 +369,7 @@ impl Vcpu {
         let tsc = self.guest_tsc();
         if let (true, Some(unit)) = (user, self.unit.as_mut()) {
             shared.metrics.steps.fetch_add(1, Ordering::Relaxed);
-            unit.count(&mut view, EventId::Ire, 1, prev, tsc);
-            if unit.counts(LwpFeatures::BRE)
-                && let Ok((bytes, len)) = lwp_insn::fetch(&view, prev, true)
-                && let Some(b) = lwp_insn::retired_branch(&bytes[..len], prev, frame.rip)
-            {
-                unit.retire_branch(&mut view, prev, b.target, b.taken, tsc);
-            }
+            step::retire(unit, &mut view, prev, frame.rip, tsc);
         }
         if self.precise_live(user, sregs.cr3) {
             self.step_from = Some(frame.rip);
@@ -275,16 +389,23 @@ impl Vcpu {
 
     /// Starts stepping at an exit that finds the context live at CPL3 but
     /// not stepped (stepping stops where event delivery masks TF).
-    fn arm_stepping(&mut self) {
+    fn arm_stepping(&mut self) -> Result<(), VcpuError> {
         if self.step_from.is_some() {
-            return;
+            return Ok(());
         }
         let sync = self.fd.sync_regs();
         let (mut regs, sregs) = (sync.regs, sync.sregs);
-        if self.precise_live(sregs.cs.dpl == 3, sregs.cr3) {
-            self.step_from = Some(regs.rip);
-            regs.rflags |= RFLAGS_TF;
-            self.commit_regs(regs);
+        if !self.precise_live(sregs.cs.dpl == 3, sregs.cr3) {
+            return Ok(());
+        }
+        self.step_from = Some(regs.rip);
+        match self.backend {
+            StepBackend::TrapFlag => {
+                regs.rflags |= RFLAGS_TF;
+                self.commit_regs(regs);
+                Ok(())
+            }
+            StepBackend::GuestDebug => self.guest_debug(true),
         }
     }
 
@@ -333,7 +454,7 @@ impl Vcpu {
     }
 
     /// After every exit: the trace, then a due threshold interrupt.
-    fn after_exit(&mut self, shared: &Shared) {
+    fn after_exit(&mut self, shared: &Shared) -> Result<(), VcpuError> {
         if let (Some(trace), Some(unit)) = (&shared.trace, self.unit.as_mut()) {
             let records = unit.drain_log();
             if !records.is_empty() {
@@ -349,8 +470,8 @@ impl Vcpu {
                 }
             }
         }
-        self.arm_stepping();
         self.deliver_interrupt(shared);
+        self.arm_stepping()
     }
 
     /// The KVM vCPU, for restoring its state before it runs.
@@ -416,6 +537,13 @@ impl Vcpu {
 
     /// Runs until the guest exits, another vCPU stops the VM, or an error.
     pub fn run_loop(&mut self, shared: &Shared) -> Result<VcpuStop, VcpuError> {
+        if self.stepping {
+            let counter = match self.backend {
+                StepBackend::GuestDebug => &shared.metrics.step_backend_guest_debug,
+                StepBackend::TrapFlag => &shared.metrics.step_backend_trap_flag,
+            };
+            counter.store(1, Ordering::Relaxed);
+        }
         self.fd.set_sync_valid_reg(SyncReg::Register);
         self.fd.set_sync_valid_reg(SyncReg::SystemRegister);
         KVM_RUN.with(|c| c.set(self.fd.get_kvm_run()));
@@ -490,6 +618,10 @@ impl Vcpu {
                     }
                     PortAction::Handled
                 }
+                Ok(VcpuExit::Debug(exit)) if self.backend == StepBackend::GuestDebug => {
+                    self.debug_exit(shared, &exit)?;
+                    PortAction::Handled
+                }
                 Ok(VcpuExit::Shutdown) => {
                     return Err(VcpuError::Shutdown {
                         vcpu: id,
@@ -528,7 +660,7 @@ impl Vcpu {
                 PortAction::DbDoorbell => self.db_doorbell(shared),
                 PortAction::Handled | PortAction::Unclaimed => {}
             }
-            self.after_exit(shared);
+            self.after_exit(shared)?;
         }
     }
 
@@ -648,6 +780,7 @@ impl Vcpu {
             }
             STATE_DECLARE_DB => {
                 self.db_declared = true;
+                self.update_withheld();
                 (StateStatus::Ok, None)
             }
             _ => (StateStatus::BadCall, None),
@@ -693,13 +826,16 @@ impl Vcpu {
                 count_mnemonic(&shared.metrics, mnemonic);
                 self.note_lwpcb_space(sregs.cr3);
                 let stepping = self.step_from.take().is_some();
+                let trap_flag = self.backend == StepBackend::TrapFlag;
                 if self.precise_live(user, sregs.cr3) {
                     if stepping && let Some(unit) = self.unit.as_mut() {
                         unit.count(&mut view, EventId::Ire, 1, frame.rip, tsc);
                     }
                     self.step_from = Some(next_rip);
-                    ctx.rflags |= RFLAGS_TF;
-                } else if stepping {
+                    if trap_flag {
+                        ctx.rflags |= RFLAGS_TF;
+                    }
+                } else if stepping && trap_flag {
                     ctx.rflags &= !RFLAGS_TF;
                 }
                 frame.rip = next_rip;

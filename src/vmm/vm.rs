@@ -9,7 +9,7 @@ use std::os::unix::io::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -36,6 +36,7 @@ use super::metrics::{self, Metrics};
 use super::pause::PauseGate;
 use super::seccomp::{self, ThreadKind};
 use super::snapshot::{self, MemoryLayout, SnapshotError, VcpuSnapshot, VmKvmState, VmSnapshot};
+use super::step::StepBackend;
 use super::vcpu::{Shared, Vcpu, VcpuError, VcpuStop, kick_handler, paging_of};
 use super::vcpu_state::{self, VcpuStateError};
 use crate::guard::{Access, GuestMemory, GuestView};
@@ -241,6 +242,13 @@ fn create_machine(
         let instructions = guest == GuestLwpSupport::Shim;
         vcpus.push(Vcpu::new(fd, id, table, unit, instructions, tsc_offset));
     }
+    let precise = profile
+        .caps()
+        .is_some_and(|c| c.supported.intersects(LwpFeatures::IRE | LwpFeatures::BRE));
+    if precise && guest == GuestLwpSupport::Shim {
+        let backend = step_backend(kvm);
+        vcpus.iter_mut().for_each(|v| v.set_step_backend(backend));
+    }
     Ok(Machine {
         vm,
         mem,
@@ -265,13 +273,30 @@ pub fn run(config: &VmConfig) -> Result<RunOutcome, VmError> {
         config.guest,
         |irq| PortBus::new(&serial, irq),
     )?;
-    let kernel = boot::load_kernel(&machine.mem, &config.kernel)?;
-    boot::write_boot_info(
-        &machine.mem,
-        &kernel,
+    boot_kernel(
+        &machine,
+        &config.kernel,
         &config.cmdline,
         config.initramfs.as_deref(),
     )?;
+    run_machine(
+        machine,
+        &config.snapshots,
+        &config.profiling,
+        config.seccomp,
+    )
+}
+
+/// Loads a kernel, writes its boot information and sets the boot vCPU's
+/// registers.
+fn boot_kernel(
+    machine: &Machine,
+    image: &[u8],
+    cmdline: &str,
+    initramfs: Option<&[u8]>,
+) -> Result<(), VmError> {
+    let kernel = boot::load_kernel(&machine.mem, image)?;
+    boot::write_boot_info(&machine.mem, &kernel, cmdline, initramfs)?;
     boot::write_gdt(&machine.mem)?;
     let boot_vcpu = machine.vcpus[0].fd();
     let sregs = boot_vcpu.get_sregs().map_err(setup("KVM_GET_SREGS"))?;
@@ -279,13 +304,32 @@ pub fn run(config: &VmConfig) -> Result<RunOutcome, VmError> {
     boot_vcpu
         .set_sregs(&sregs)
         .map_err(setup("KVM_SET_SREGS"))?;
-    boot_vcpu.set_regs(&regs).map_err(setup("KVM_SET_REGS"))?;
-    run_machine(
-        machine,
-        &config.snapshots,
-        &config.profiling,
-        config.seccomp,
-    )
+    boot_vcpu.set_regs(&regs).map_err(setup("KVM_SET_REGS"))
+}
+
+/// Which stepping backend this host supports, probed once per process with
+/// a throwaway VM (capabilities cannot tell: kvm_pvm reports
+/// SET_GUEST_DEBUG and ROBUST_SINGLESTEP yet never exits for CPL3 steps).
+fn step_backend(kvm: &Kvm) -> StepBackend {
+    static BACKEND: OnceLock<StepBackend> = OnceLock::new();
+    *BACKEND.get_or_init(|| {
+        let backend = probe_step_backend(kvm).unwrap_or_else(|e| {
+            log::warn!("stepping probe failed ({e}); using the trap-flag backend");
+            StepBackend::TrapFlag
+        });
+        log::info!("precise events: the {} stepping backend", backend.name());
+        backend
+    })
+}
+
+fn probe_step_backend(kvm: &Kvm) -> Result<StepBackend, VmError> {
+    let sink = SerialOut::Capture(Arc::new(Mutex::new(Vec::new())));
+    let mut machine = create_machine(kvm, 16, 1, LwpProfile::Off, GuestLwpSupport::Stock, |irq| {
+        PortBus::new(&sink, irq)
+    })?;
+    let probe = crate::guests::get("stepprobe").unwrap_or_default();
+    boot_kernel(&machine, probe, "", None)?;
+    Ok(machine.vcpus[0].probe_stepping()?)
 }
 
 /// Options of `lwpvmm restore`.
