@@ -30,6 +30,7 @@ const GUESTS: &[&str] = &[
     "precise",
     "stepping",
     "stepprobe",
+    "profile_host",
 ];
 
 /// Guests that share another guest's CPL0 part: (guest, assembly source).
@@ -117,6 +118,30 @@ fn main() {
         )
         .unwrap();
     }
+    // The example program for `lwpvmm profile` (no runtime: freestanding).
+    let examples = PathBuf::from("resources/examples");
+    println!("cargo:rerun-if-changed={}", examples.display());
+    let hot_o = out.join("example_hot.o");
+    compile(&examples.join("hot.c"), &hot_o);
+    let hot = out.join("example_hot.elf");
+    run(Command::new("ld")
+        .args([
+            "-m",
+            "elf_x86_64",
+            "-nostdlib",
+            "--no-warn-rwx-segments",
+            "-T",
+        ])
+        .arg(examples.join("program.ld"))
+        .arg("-o")
+        .arg(&hot)
+        .arg(&hot_o));
+    writeln!(
+        table,
+        "    (\"example-hot\", include_bytes!({:?})),",
+        hot.display().to_string()
+    )
+    .unwrap();
     fs::write(
         out.join("guests.rs"),
         format!(

@@ -39,6 +39,7 @@ fn round_trips() {
         snapshots: vm::SnapshotPlan::default(),
         seccomp: true,
         profiling: vm::Profiling::default(),
+        program: None,
     };
     let outcome = vm::run(&config).expect("round-trip guest");
     assert_eq!(outcome.exit_value, 0);
@@ -233,6 +234,7 @@ fn throughput(sample_hz: u32, lwp: bool) -> f64 {
             trace: None,
             metrics: None,
         },
+        program: None,
     };
     vm::run(&config).expect("throughput guest");
     let text = String::from_utf8_lossy(&console.lock().unwrap()).into_owned();
@@ -259,6 +261,7 @@ fn stepping(bre: bool) -> f64 {
         snapshots: vm::SnapshotPlan::default(),
         seccomp: true,
         profiling: vm::Profiling::default(),
+        program: None,
     };
     vm::run(&config).expect("stepping guest");
     let text = String::from_utf8_lossy(&console.lock().unwrap()).into_owned();

@@ -130,3 +130,29 @@ fn report_writes_folded_stacks_and_a_flamegraph() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("not an lwpvmm trace"));
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn profile_runs_a_users_program_and_reports_it() {
+    require_kvm();
+    let dir = std::env::temp_dir().join(format!("lwpvmm-profile-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (hot, low) = (dir.join("hot.elf"), dir.join("low.elf"));
+    std::fs::write(&hot, lwpvmm::guests::get("example-hot").unwrap()).unwrap();
+    std::fs::write(&low, lwpvmm::guests::get("minimal").unwrap()).unwrap();
+    let out = lwpvmm(&["profile", hot.to_str().unwrap(), "--top", "3"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("hot: done"),
+        "the program's console output: {text}"
+    );
+    let top = text
+        .lines()
+        .find(|l| l.contains('%'))
+        .expect("a report row");
+    assert!(top.ends_with("hot"), "the hottest function leads: {text}");
+    let refused = lwpvmm(&["profile", low.to_str().unwrap()]);
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("16 MiB"));
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -68,6 +68,7 @@ fn boot_profiled(
         snapshots: vm::SnapshotPlan::default(),
         seccomp: true,
         profiling,
+        program: None,
     };
     let outcome = vm::run(&config).unwrap_or_else(|e| panic!("guest {name}: {e}"));
     let text = String::from_utf8_lossy(&console.lock().unwrap()).into_owned();

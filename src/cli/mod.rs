@@ -31,6 +31,10 @@ pub enum Command {
     Run(RunArgs),
     /// Restore a snapshot and run the VM to its end.
     Restore(RestoreArgs),
+    /// Run your own freestanding program (an x86-64 ELF linked at 16 MiB,
+    /// resources/examples) as the CPL3 task of lwpvmm's guest runtime, with
+    /// LWP and the sampler on, and print its profile.
+    Profile(ProfileArgs),
     /// Report a trace written by --trace: records per function, folded
     /// stacks, a flamegraph.
     Report(ReportArgs),
@@ -149,6 +153,25 @@ pub struct RestoreArgs {
     /// Console, metrics, snapshots of the restored VM, seccomp.
     #[command(flatten)]
     pub host: HostArgs,
+}
+
+/// `lwpvmm profile` options.
+#[derive(Debug, clap::Args)]
+pub struct ProfileArgs {
+    /// The program: a static x86-64 ELF linked at 16 MiB or above.
+    pub program: PathBuf,
+    /// The LWP profile.
+    #[arg(long, value_enum, default_value_t = ProfileArg::Emulated)]
+    pub lwp: ProfileArg,
+    /// Sampling kicks per second.
+    #[arg(long, default_value_t = 1000)]
+    pub sample_hz: u32,
+    /// Guest RAM in MiB.
+    #[arg(long, default_value_t = 128)]
+    pub memory: u64,
+    /// How many functions to list.
+    #[arg(long, default_value_t = 20)]
+    pub top: usize,
 }
 
 /// `lwpvmm report` options.
@@ -281,6 +304,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
                 snapshots: (&args.host).into(),
                 seccomp: !args.host.no_seccomp,
                 profiling: (&args.host).into(),
+                program: None,
             };
             let outcome = vm::run(&config)?;
             finish(&outcome, args.host.metrics.as_ref())
@@ -298,6 +322,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
             finish(&outcome, args.host.metrics.as_ref())
         }
         Command::Report(args) => report(out, &args),
+        Command::Profile(args) => profile(out, &args),
         Command::Demo { lwp } => demo(out, lwp.into()),
         Command::Cpuid { lwp, guest, json } => {
             cpuid::print(out, lwp.into(), guest.into(), json)?;
@@ -340,6 +365,67 @@ fn report(out: &mut dyn Write, args: &ReportArgs) -> Result<u8, CliError> {
         report::flamegraph(&folded, &title, std::fs::File::create(path)?)?;
     }
     Ok(0)
+}
+
+/// Prints the report of a trace, named with `elf`'s symbols.
+fn trace_report(
+    out: &mut dyn Write,
+    trace_file: &std::path::Path,
+    elf: &[u8],
+    top: usize,
+) -> Result<(), CliError> {
+    let (_, records) = trace::read(trace_file, |_| {})?;
+    let symbols = Symbols::from_elf(elf).ok();
+    let event = report::default_event(&records);
+    let rows = report::aggregate(&records, symbols.as_ref(), event);
+    report::print_table(out, &rows, event, top)?;
+    Ok(())
+}
+
+fn profile(out: &mut dyn Write, args: &ProfileArgs) -> Result<u8, CliError> {
+    let program = read("program", &args.program)?;
+    let trace_file =
+        std::env::temp_dir().join(format!("lwpvmm-profile-{}.trace", std::process::id()));
+    let config = VmConfig {
+        kernel: crate::guests::get("profile_host")
+            .unwrap_or_default()
+            .to_vec(),
+        initramfs: None,
+        cmdline: String::new(),
+        memory_mib: args.memory,
+        vcpus: 1,
+        profile: args.lwp.into(),
+        guest: GuestLwpSupport::Shim,
+        serial: SerialOut::Stdout,
+        snapshots: SnapshotPlan::default(),
+        seccomp: true,
+        profiling: Profiling {
+            sample_hz: args.sample_hz,
+            trace: Some(trace_file.clone()),
+            metrics: None,
+        },
+        program: Some(program.clone()),
+    };
+    let outcome = vm::run(&config);
+    let result = outcome.and_then(|o| {
+        writeln!(
+            out,
+            "--- lwpvmm profile: {} (LWP profile `{}`, {} Hz)",
+            args.program.display(),
+            config.profile,
+            args.sample_hz
+        )
+        .map_err(|e| VmError::Io("output", e))?;
+        Ok(o)
+    });
+    let report = trace_report(out, &trace_file, &program, args.top);
+    let _ = std::fs::remove_file(&trace_file);
+    let outcome = result?;
+    report?;
+    Ok(match outcome.exit_value {
+        0 => 0,
+        v => exit_status(v),
+    })
 }
 
 fn serial_out(arg: &str) -> SerialOut {
@@ -398,6 +484,7 @@ fn demo(out: &mut dyn Write, profile: LwpProfile) -> Result<u8, CliError> {
             trace: Some(trace_file.clone()),
             metrics: None,
         },
+        program: None,
     };
     let started = std::time::Instant::now();
     let outcome = vm::run(&config)?;
@@ -428,13 +515,8 @@ fn demo(out: &mut dyn Write, profile: LwpProfile) -> Result<u8, CliError> {
         "  sampler kicks: {}, samples charged to CNH/RNH: {}",
         m["sampler_kicks"], m["samples_charged"]
     )?;
-    if let Ok((_, records)) = trace::read(&trace_file, |_| {}) {
-        let symbols = Symbols::from_elf(&config.kernel).ok();
-        let event = report::default_event(&records);
-        let rows = report::aggregate(&records, symbols.as_ref(), event);
-        writeln!(out, "host-side report from the trace (lwpvmm report):")?;
-        report::print_table(out, &rows, event, 5)?;
-    }
+    writeln!(out, "host-side report from the trace (lwpvmm report):")?;
+    trace_report(out, &trace_file, &config.kernel, 5)?;
     let _ = std::fs::remove_file(&trace_file);
     let ok = outcome.exit_value == 0;
     writeln!(out, "  result: {}", if ok { "success" } else { "FAILURE" })?;

@@ -85,6 +85,16 @@ pub enum BootError {
     /// Writing boot data failed.
     #[error("cannot write boot data into guest memory: {0}")]
     BootData(String),
+    /// A program for `lwpvmm profile` could not be loaded.
+    #[error(
+        "cannot load the program ({0}): it must be a static x86-64 ELF linked at 16 MiB or above (resources/examples/program.ld), and --memory must cover it"
+    )]
+    Program(linux_loader::loader::Error),
+    /// A program ends past what the runtime maps.
+    #[error(
+        "the program ends at {0:#x}, past 1 GiB: link it lower (resources/examples/program.ld)"
+    )]
+    ProgramPlacement(u64),
 }
 
 /// How the boot vCPU enters the kernel.
@@ -154,6 +164,28 @@ pub fn load_kernel(mem: &GuestMemory, image: &[u8]) -> Result<LoadedKernel, Boot
         }),
         Err(bzimage) => Err(BootError::KernelFormat { elf, bzimage }),
     }
+}
+
+/// Where a program for `lwpvmm profile` may start: above the guest runtime
+/// and its 4 KiB test window.
+pub const PROGRAM_START: u64 = 0x100_0000;
+/// Where it must end: the runtime maps user pages up to 1 GiB.
+pub const PROGRAM_END: u64 = 0x4000_0000;
+
+/// Loads a user's freestanding program (an x86-64 ELF linked between 16 MiB
+/// and 1 GiB) for the profile host guest; returns its entry point.
+pub fn load_program(mem: &GuestMemory, image: &[u8]) -> Result<u64, BootError> {
+    let r = Elf::load(
+        mem,
+        None,
+        &mut Cursor::new(image),
+        Some(GuestAddress(PROGRAM_START)),
+    )
+    .map_err(BootError::Program)?;
+    if r.kernel_end > PROGRAM_END {
+        return Err(BootError::ProgramPlacement(r.kernel_end));
+    }
+    Ok(r.kernel_load.raw_value())
 }
 
 /// Writes the command line, the initramfs and the boot information the
@@ -488,6 +520,16 @@ mod tests {
             Entry::Linux64(KERNEL_START),
             "e_entry, 64-bit protocol"
         );
+    }
+
+    #[test]
+    fn programs_load_above_the_runtime() {
+        let mem = create_memory(64).unwrap();
+        let entry = load_program(&mem, crate::guests::get("example-hot").unwrap()).unwrap();
+        assert_eq!(entry, PROGRAM_START);
+        let low = load_program(&mem, crate::guests::get("minimal").unwrap()).unwrap_err();
+        assert!(matches!(low, BootError::Program(_)), "{low}");
+        assert!(low.to_string().contains("16 MiB"));
     }
 
     #[test]

@@ -73,6 +73,9 @@ pub struct VmConfig {
     pub seccomp: bool,
     /// The sampler and the trace.
     pub profiling: Profiling,
+    /// A user's program for the profile host guest (`lwpvmm profile`),
+    /// loaded beside the kernel; its entry goes on the command line.
+    pub program: Option<Vec<u8>>,
 }
 
 /// Sampled events and the host-side trace.
@@ -273,10 +276,15 @@ pub fn run(config: &VmConfig) -> Result<RunOutcome, VmError> {
         config.guest,
         |irq| PortBus::new(&serial, irq),
     )?;
+    let mut cmdline = config.cmdline.clone();
+    if let Some(program) = &config.program {
+        let entry = boot::load_program(&machine.mem, program)?;
+        cmdline = format!("{cmdline} entry={entry}").trim().to_owned();
+    }
     boot_kernel(
         &machine,
         &config.kernel,
-        &config.cmdline,
+        &cmdline,
         config.initramfs.as_deref(),
     )?;
     run_machine(

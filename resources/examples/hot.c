@@ -1,0 +1,30 @@
+/* An example for `lwpvmm profile`: a freestanding program with three
+ * functions doing 1, 3 and 6 units of work. Build it like build.rs does:
+ *   gcc -m64 -O2 -ffreestanding -fno-pic -fno-pie -mno-red-zone \
+ *       -fno-stack-protector -c hot.c && ld -T program.ld -o hot.elf hot.o
+ * and run `lwpvmm profile hot.elf`: `hot` should lead the report. */
+
+typedef unsigned long long u64;
+
+static volatile u64 sink;
+
+static void out(const char *s)
+{
+    for (; *s; s++)
+        __asm__ volatile("outb %0, %1" : : "a"(*s), "Nd"((unsigned short)0x3f8));
+}
+
+void __attribute__((noinline)) cold(u64 n) { for (u64 i = 0; i < n; i++) sink += i; }
+void __attribute__((noinline)) warm(u64 n) { for (u64 i = 0; i < 3 * n; i++) sink += i; }
+void __attribute__((noinline)) hot(u64 n) { for (u64 i = 0; i < 6 * n; i++) sink += i; }
+
+__attribute__((section(".text.start"))) void _start(void)
+{
+    out("hot: working\n");
+    for (int r = 0; r < 10; r++) {
+        cold(10000000);
+        warm(10000000);
+        hot(10000000);
+    }
+    out("hot: done\n");
+}
