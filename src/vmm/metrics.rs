@@ -61,6 +61,10 @@ metrics! {
     guest_warnings,
     /// Snapshots written.
     snapshots,
+    /// Records the vCPU's LWP unit stored into guest rings.
+    records_stored,
+    /// Records it counted in MissedEvents instead.
+    records_missed,
     /// Single steps for precise IRE/BRE.
     steps,
     /// 1 when precise events use KVM's single-step (guest debug).

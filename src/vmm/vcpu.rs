@@ -455,6 +455,17 @@ impl Vcpu {
 
     /// After every exit: the trace, then a due threshold interrupt.
     fn after_exit(&mut self, shared: &Shared) -> Result<(), VcpuError> {
+        if let Some(u) = &self.unit {
+            let stats = u.stats();
+            shared
+                .metrics
+                .records_stored
+                .store(stats.records_stored, Ordering::Relaxed);
+            shared
+                .metrics
+                .records_missed
+                .store(stats.records_missed, Ordering::Relaxed);
+        }
         if let (Some(trace), Some(unit)) = (&shared.trace, self.unit.as_mut()) {
             let records = unit.drain_log();
             if !records.is_empty() {
@@ -825,6 +836,17 @@ impl Vcpu {
             Outcome::Done { next_rip, mnemonic } => {
                 count_mnemonic(&shared.metrics, mnemonic);
                 self.note_lwpcb_space(sregs.cr3);
+                if mnemonic == LwpMnemonic::Llwpcb
+                    && self.stepping
+                    && !self.db_declared
+                    && self.backend == StepBackend::TrapFlag
+                {
+                    let id = self.id;
+                    guest_warn!(
+                        shared.metrics.guest_warnings,
+                        "vCPU {id}: IRE and BRE not granted: the guest has not declared its #DB doorbell (docs/pv-abi.md)"
+                    );
+                }
                 let stepping = self.step_from.take().is_some();
                 let trap_flag = self.backend == StepBackend::TrapFlag;
                 if self.precise_live(user, sregs.cr3) {
