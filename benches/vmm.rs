@@ -7,19 +7,27 @@
 //! - snapshot and restore time of a 256 MiB guest, and the snapshot's size;
 //! - guest CPL3 throughput with the sampler off, at 1 kHz and at 10 kHz,
 //!   against a null sampler that only kicks;
-//! - single-stepping cost per instruction with IRE, and with IRE and BRE.
+//! - single-stepping cost per instruction with IRE, and with IRE and BRE;
+//! - the Linux guest of resources/linux (built on first use): time to
+//!   userspace, to the self-test's last line and to the process's end, under
+//!   lwpvmm and, when installed, under QEMU microvm on the same kernel,
+//!   initramfs and command line.
 //!
-//! `cargo bench --bench vmm` (not run by CI). Cycle counts come from the
+//! `cargo bench --bench vmm [-- WORD...]` (not run by CI; the words pick
+//! sections by name: round_trips, starts, snapshots, sampler, precise,
+//! linux_boot). Cycle counts come from the
 //! guest's RDTSC, so the ratios do not depend on the TSC frequency. Wall
 //! time and peak RSS of whole processes come from GNU time (`apt-get install
 //! time`); QEMU from `apt-get install qemu-system-x86`.
 
-use std::path::Path;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use lwpvmm::lwp::cpuid::{GuestLwpSupport, LwpProfile};
-use lwpvmm::vmm::devices::SerialOut;
+use lwpvmm::vmm::devices::{GuestEnd, SerialOut};
 use lwpvmm::vmm::vm::{self, VmConfig};
 
 const ROUND_TRIP_ITERATIONS: u64 = 5000;
@@ -42,7 +50,7 @@ fn round_trips() {
         program: None,
     };
     let outcome = vm::run(&config).expect("round-trip guest");
-    assert_eq!(outcome.exit_value, 0);
+    assert_eq!(outcome.end, GuestEnd::ExitPort(0));
     let text = String::from_utf8_lossy(&console.lock().unwrap()).into_owned();
     let per_iter = |name: &str| -> f64 {
         let line = text
@@ -306,17 +314,156 @@ fn sampler() {
     );
 }
 
+/// Seconds from spawning `args` to the first console line holding each
+/// marker. The last marker ends the run: the VMM is killed there, because
+/// QEMU keeps a halted guest running (lwpvmm has exited by then). A guest
+/// that never gets there is killed after two minutes.
+fn console_times(args: &[String], markers: &[&str]) -> Vec<Option<f64>> {
+    let started = Instant::now();
+    let child = Arc::new(Mutex::new(
+        Command::new(&args[0])
+            .args(&args[1..])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the VMM"),
+    ));
+    let stdout = child.lock().unwrap().stdout.take().expect("piped stdout");
+    let watchdog = Arc::clone(&child);
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(120));
+        let _ = watchdog.lock().unwrap().kill();
+    });
+    let mut seen = vec![None; markers.len()];
+    for line in BufReader::new(stdout).lines() {
+        let Ok(line) = line else { break };
+        for (i, m) in markers.iter().enumerate() {
+            if seen[i].is_none() && line.contains(m) {
+                seen[i] = Some(started.elapsed().as_secs_f64());
+            }
+        }
+        if seen.last().is_some_and(Option::is_some) {
+            break;
+        }
+    }
+    let mut child = child.lock().unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    seen
+}
+
+fn linux_boot() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("linux");
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("resources/linux/build.sh");
+    let built = Command::new(&script)
+        .arg(&dir)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !built {
+        println!("Linux boot: resources/linux/build.sh failed: skipped");
+        return;
+    }
+    let kernel = dir.join("vmlinux").display().to_string();
+    let initramfs = dir.join("initramfs.cpio").display().to_string();
+    let cmdline = lwpvmm::vmm::boot::LINUX_CMDLINE;
+    let lwpvmm_run: Vec<String> = [
+        env!("CARGO_BIN_EXE_lwpvmm"),
+        "run",
+        "--kernel",
+        &kernel,
+        "--initramfs",
+        &initramfs,
+        "--memory",
+        "64",
+        "--guest",
+        "stock",
+    ]
+    .map(String::from)
+    .to_vec();
+    let qemu_run: Vec<String> = [
+        "qemu-system-x86_64",
+        "-M",
+        "microvm,x-option-roms=off,rtc=off",
+        "-enable-kvm",
+        "-cpu",
+        "host,arch-capabilities=off",
+        "-m",
+        "64",
+        "-nodefaults",
+        "-no-user-config",
+        "-no-reboot",
+        "-serial",
+        "stdio",
+        "-display",
+        "none",
+        "-kernel",
+        &kernel,
+        "-initrd",
+        &initramfs,
+        "-append",
+        cmdline,
+    ]
+    .map(String::from)
+    .to_vec();
+    // The kernel prints "reboot: Power down" (lwpvmm, through the power
+    // port) or "reboot: System halted" (QEMU, which has no power-off
+    // without ACPI) as its last line.
+    let markers = ["Run /init", "lwp-linux-selftest: ", "reboot: "];
+    println!("Linux guest, seconds from start to userspace / self-test done / kernel's last line:");
+    let l = console_times(&lwpvmm_run, &markers);
+    let show = |t: &[Option<f64>]| {
+        t.iter()
+            .map(|t| t.map_or("-".into(), |t| format!("{t:.2}")))
+            .collect::<Vec<_>>()
+            .join(" / ")
+    };
+    println!("  lwpvmm  {}", show(&l));
+    let has_qemu = Command::new("qemu-system-x86_64")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has_qemu {
+        println!("  qemu    not installed (apt-get install qemu-system-x86): no comparison");
+        return;
+    }
+    let q = console_times(&qemu_run, &markers);
+    println!("  qemu    {}", show(&q));
+    if let (Some(lu), Some(qu), Some(le), Some(qe)) = (l[0], q[0], l[2], q[2]) {
+        println!(
+            "ratios lwpvmm/qemu: to userspace = {:.2}, to the end = {:.2}",
+            lu / qu,
+            le / qe
+        );
+    }
+}
+
 fn main() {
     if !std::path::Path::new("/dev/kvm").exists() {
         eprintln!("the VMM benchmarks need /dev/kvm, which is missing");
         std::process::exit(1);
     }
     // `cargo test --benches` runs bench targets once as tests: keep that cheap.
-    if std::env::args().any(|a| a == "--bench") {
-        round_trips();
-        starts();
-        snapshots();
-        sampler();
-        precise();
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    // `cargo bench --bench vmm -- linux sampler` runs only the sections
+    // whose names hold one of the words.
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let sections: [(&str, fn()); 6] = [
+        ("round_trips", round_trips),
+        ("starts", starts),
+        ("snapshots", snapshots),
+        ("sampler", sampler),
+        ("precise", precise),
+        ("linux_boot", linux_boot),
+    ];
+    for (name, section) in sections {
+        if filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str())) {
+            section();
+        }
     }
 }

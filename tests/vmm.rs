@@ -10,7 +10,7 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 use lwpvmm::lwp::cpuid::{GuestLwpSupport, LwpProfile};
-use lwpvmm::vmm::devices::SerialOut;
+use lwpvmm::vmm::devices::{GuestEnd, SerialOut};
 use lwpvmm::vmm::vm::{self, RunOutcome, VmConfig};
 
 fn require_kvm() {
@@ -79,9 +79,9 @@ fn boot_profiled(
 fn passes(name: &str, profile: LwpProfile) -> RunOutcome {
     let (outcome, text) = boot(name, profile, GuestLwpSupport::Shim, "");
     assert!(
-        text.contains(" passed, 0 failed") && outcome.exit_value == 0,
-        "guest {name} ({profile}) failed, exit value {:#x}:\n{text}",
-        outcome.exit_value
+        text.contains(" passed, 0 failed") && outcome.end == GuestEnd::ExitPort(0),
+        "guest {name} ({profile}) failed, ended {:?}:\n{text}",
+        outcome.end
     );
     assert!(!text.contains("not ok"), "{text}");
     outcome
@@ -104,7 +104,7 @@ fn guest_reads_the_profile_cpuid() {
     ];
     for (profile, guest) in table {
         let (outcome, text) = boot("cpuid", profile, guest, "");
-        assert_eq!(outcome.exit_value, 0, "{text}");
+        assert_eq!(outcome.end, GuestEnd::ExitPort(0), "{text}");
         let seen: Vec<[u64; 5]> = text
             .lines()
             .filter_map(|l| l.strip_prefix("cpuid "))
@@ -169,7 +169,11 @@ fn lwp_instructions_are_ud_without_the_profile_or_the_shim() {
         (LwpProfile::Emulated, GuestLwpSupport::Stock),
     ] {
         let (outcome, text) = boot("insn", profile, guest, "");
-        assert_eq!(outcome.exit_value, 0x86, "{profile} {guest:?}:\n{text}");
+        assert_eq!(
+            outcome.end,
+            GuestEnd::ExitPort(0x86),
+            "{profile} {guest:?}:\n{text}"
+        );
         assert_eq!(metric(&outcome, "ud_handled"), 0);
     }
 }
@@ -204,9 +208,9 @@ fn threshold_interrupt_once_per_crossing() {
 fn two_vcpus_never_mix_records() {
     let (outcome, text) = boot_with("smp", LwpProfile::Emulated, GuestLwpSupport::Shim, "", 2);
     assert!(
-        outcome.exit_value == 0 && text.contains("7 passed, 0 failed"),
-        "exit value {:#x}:\n{text}",
-        outcome.exit_value
+        outcome.end == GuestEnd::ExitPort(0) && text.contains("7 passed, 0 failed"),
+        "ended {:?}:\n{text}",
+        outcome.end
     );
     assert_eq!(outcome.lwp.len(), 2);
     for (id, unit) in outcome.lwp.iter().enumerate() {
@@ -257,9 +261,9 @@ fn page_tables_changed_by_another_vcpu_are_rechecked() {
         2,
     );
     assert!(
-        outcome.exit_value == 0 && text.contains("5 passed, 0 failed"),
-        "exit value {:#x}:\n{text}",
-        outcome.exit_value
+        outcome.end == GuestEnd::ExitPort(0) && text.contains("5 passed, 0 failed"),
+        "ended {:?}:\n{text}",
+        outcome.end
     );
     let unit = outcome.lwp[0];
     assert_eq!(unit.records_stored + unit.records_missed, 400);
@@ -289,7 +293,7 @@ fn sampled_events_stay_in_their_address_space() {
         profiling,
     );
     assert!(
-        outcome.exit_value == 0 && text.contains("3 passed, 0 failed"),
+        outcome.end == GuestEnd::ExitPort(0) && text.contains("3 passed, 0 failed"),
         "{text}"
     );
     let kicks = metric(&outcome, "sampler_kicks");

@@ -12,7 +12,7 @@ use thiserror::Error;
 use crate::lwp::cpuid::{GuestLwpSupport, LwpProfile};
 use crate::profile::report::{self, ReportError, Symbols};
 use crate::profile::trace::{self, TraceError};
-use crate::vmm::devices::SerialOut;
+use crate::vmm::devices::{GuestEnd, SerialOut};
 use crate::vmm::vm::{self, Profiling, RestoreConfig, RunOutcome, SnapshotPlan, VmConfig, VmError};
 
 /// lwpvmm: AMD Lightweight Profiling for KVM guests on hosts without LWP.
@@ -71,8 +71,10 @@ pub struct RunArgs {
     /// An initramfs to pass to the kernel.
     #[arg(long)]
     pub initramfs: Option<PathBuf>,
-    /// The kernel command line.
-    #[arg(long, default_value = "")]
+    /// The kernel command line. The default suits the Linux guest kernel
+    /// of resources/linux (docs/linux-guest.md says why each part is there);
+    /// lwpvmm's own test guests ignore it.
+    #[arg(long, default_value = crate::vmm::boot::LINUX_CMDLINE)]
     pub cmdline: String,
     /// Guest RAM in MiB.
     #[arg(long, default_value_t = 128)]
@@ -269,10 +271,19 @@ pub enum CliError {
     Report(#[from] ReportError),
 }
 
-/// Exit status of `lwpvmm run` when the guest wrote `value` to port 0xf4:
-/// `(value << 1) | 1`, exactly as QEMU's isa-debug-exit.
-pub fn exit_status(value: u8) -> u8 {
-    (value << 1) | 1
+/// Exit status of `lwpvmm run` when the guest asked for a reboot (lwpvmm
+/// does not restart guests; a kernel that panics with `panic=-1` ends here).
+pub const REBOOT_STATUS: u8 = 4;
+
+/// Exit status of `lwpvmm run` for how the guest ended: `(value << 1) | 1`
+/// for a write of `value` to port 0xf4, exactly as QEMU's isa-debug-exit;
+/// 0 for a power-off; [`REBOOT_STATUS`] for a reboot.
+pub fn exit_status(end: GuestEnd) -> u8 {
+    match end {
+        GuestEnd::ExitPort(value) => (value << 1) | 1,
+        GuestEnd::PowerOff => 0,
+        GuestEnd::Reboot => REBOOT_STATUS,
+    }
 }
 
 fn read(what: &'static str, path: &PathBuf) -> Result<Vec<u8>, CliError> {
@@ -422,9 +433,9 @@ fn profile(out: &mut dyn Write, args: &ProfileArgs) -> Result<u8, CliError> {
     let _ = std::fs::remove_file(&trace_file);
     let outcome = result?;
     report?;
-    Ok(match outcome.exit_value {
-        0 => 0,
-        v => exit_status(v),
+    Ok(match outcome.end {
+        GuestEnd::ExitPort(0) => 0,
+        end => exit_status(end),
     })
 }
 
@@ -439,7 +450,7 @@ fn finish(outcome: &RunOutcome, metrics: Option<&PathBuf>) -> Result<u8, CliErro
     if let Some(path) = metrics {
         std::fs::write(path, serde_json::to_vec_pretty(&summary(outcome))?)?;
     }
-    Ok(exit_status(outcome.exit_value))
+    Ok(exit_status(outcome.end))
 }
 
 fn summary(outcome: &RunOutcome) -> serde_json::Value {
@@ -458,10 +469,18 @@ fn summary(outcome: &RunOutcome) -> serde_json::Value {
         })
         .collect();
     serde_json::json!({
-        "exit_value": outcome.exit_value,
+        "end": end_json(outcome.end),
         "vm": outcome.metrics,
         "lwp_units": lwp,
     })
+}
+
+fn end_json(end: GuestEnd) -> serde_json::Value {
+    match end {
+        GuestEnd::ExitPort(value) => serde_json::json!({ "exit_port": value }),
+        GuestEnd::PowerOff => serde_json::json!("power_off"),
+        GuestEnd::Reboot => serde_json::json!("reboot"),
+    }
 }
 
 fn demo(out: &mut dyn Write, profile: LwpProfile) -> Result<u8, CliError> {
@@ -496,8 +515,8 @@ fn demo(out: &mut dyn Write, profile: LwpProfile) -> Result<u8, CliError> {
     writeln!(out, "---")?;
     writeln!(
         out,
-        "lwpvmm demo: guest exited with {} after {:.1} ms (LWP profile `{profile}`)",
-        outcome.exit_value,
+        "lwpvmm demo: guest ended ({:?}) after {:.1} ms (LWP profile `{profile}`)",
+        outcome.end,
         elapsed.as_secs_f64() * 1e3
     )?;
     writeln!(
@@ -518,7 +537,7 @@ fn demo(out: &mut dyn Write, profile: LwpProfile) -> Result<u8, CliError> {
     writeln!(out, "host-side report from the trace (lwpvmm report):")?;
     trace_report(out, &trace_file, &config.kernel, 5)?;
     let _ = std::fs::remove_file(&trace_file);
-    let ok = outcome.exit_value == 0;
+    let ok = outcome.end == GuestEnd::ExitPort(0);
     writeln!(out, "  result: {}", if ok { "success" } else { "FAILURE" })?;
     Ok(if ok { 0 } else { 1 })
 }

@@ -37,6 +37,19 @@ const ZERO_PAGE_ADDR: u64 = 0x7000;
 const PAGE_TABLE_POOL: (u64, u64) = (0x9000, 0x10000);
 const CMDLINE_ADDR: u64 = 0x20000;
 const CMDLINE_MAX: usize = 4096;
+/// The default command line of `lwpvmm run`, for the Linux guest kernel
+/// built by resources/linux/build.sh. The console is the 8250 at 0x3f8;
+/// `reboot=k` reboots through the keyboard controller, which lwpvmm turns
+/// into the end of the VM, as it does `panic=-1`'s reboot. The rest works
+/// around kvm_pvm, whose CPL0 emulation is slow and incomplete: clearcpuid
+/// hides features whose instructions its emulator cannot run (XSAVE is the
+/// one that matters; CLAC/STAC, POPCNT and friends would otherwise need
+/// emulating in lwpvmm), and `noint3selftest` and `nompscan` are
+/// parameters of our host-quirk patches. docs/linux-guest.md has the
+/// details.
+pub const LINUX_CMDLINE: &str = "console=ttyS0 reboot=k panic=-1 rdinit=/init nopti nokaslr \
+     clearcpuid=141,145,150,151,154,288,291,296,297,298,308,534,580 \
+     no_timer_check noint3selftest nompscan rodata=off";
 /// Where the kernel image starts (1 MiB); lower memory holds boot data.
 pub const KERNEL_START: u64 = 0x10_0000;
 

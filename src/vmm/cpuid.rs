@@ -29,12 +29,16 @@ pub const PV_FEATURE_EXIT_PORT: u32 = 1 << 1;
 pub const PV_FEATURE_LWP_STATE: u32 = 1 << 2;
 /// PV feature bit: the #DB doorbell, for precise events by single-stepping.
 pub const PV_FEATURE_DB_DOORBELL: u32 = 1 << 3;
+/// PV feature bit: the power port (write 0 to power off, 1 to reboot).
+pub const PV_FEATURE_POWER: u32 = 1 << 4;
 /// The port the guest's #DB handler writes to (its first instruction).
 pub const PV_DB_PORT: u16 = 0x5b;
 /// The port the guest's #UD handler writes to (its first instruction).
 pub const PV_UD_PORT: u16 = 0x5c;
 /// The port of the LWP state calls (docs/pv-abi.md).
 pub const PV_STATE_PORT: u16 = 0x5d;
+/// The power port (docs/pv-abi.md): how a guest without ACPI powers off.
+pub const PV_POWER_PORT: u16 = 0x5e;
 /// QEMU's isa-debug-exit port.
 pub const EXIT_PORT: u16 = 0xf4;
 
@@ -81,6 +85,7 @@ pub fn build(
         });
     }
     let features = PV_FEATURE_EXIT_PORT
+        | PV_FEATURE_POWER
         | if has_lwp && guest == GuestLwpSupport::Shim {
             PV_FEATURE_UD_DOORBELL
         } else {

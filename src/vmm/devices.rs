@@ -1,5 +1,7 @@
 //! The port-I/O devices: the 8250 UART at 0x3f8 (vm-superio), QEMU's
-//! isa-debug-exit port at 0xf4, and the paravirtual doorbell ports, which
+//! isa-debug-exit port at 0xf4, the paravirtual power port, the two legacy
+//! ports a Linux guest needs answered (the CMOS data port and the keyboard
+//! controller's reset command), and the paravirtual doorbell ports, which
 //! only the vCPU loop can answer (they need the vCPU's registers).
 
 use std::fs::File;
@@ -11,7 +13,7 @@ use vm_superio::serial::{NoEvents, SerialState};
 use vm_superio::{Serial, Trigger};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::cpuid::{EXIT_PORT, PV_DB_PORT, PV_STATE_PORT, PV_UD_PORT};
+use super::cpuid::{EXIT_PORT, PV_DB_PORT, PV_POWER_PORT, PV_STATE_PORT, PV_UD_PORT};
 use super::snapshot::SerialSnapshot;
 
 /// The serial port's first register.
@@ -21,6 +23,18 @@ pub const SERIAL_IRQ: u32 = 4;
 /// The POST diagnostic port: writes are accepted and dropped (guests use it
 /// as a cheap exit, e.g. for I/O delays).
 pub const POST_PORT: u16 = 0x80;
+/// The CMOS/RTC index and data ports. There is no RTC: the data port reads
+/// 0, because Linux spins on the update-in-progress bit while it reads 1,
+/// about 2 s of emulated boot on kvm_pvm.
+const CMOS_INDEX_PORT: u16 = 0x70;
+const CMOS_DATA_PORT: u16 = 0x71;
+/// The keyboard controller's command port: 0xfe pulses the reset line,
+/// which is how Linux reboots with `reboot=k`.
+const KBD_COMMAND_PORT: u16 = 0x64;
+const KBD_RESET: u8 = 0xfe;
+/// Values of the paravirtual power port.
+const POWER_OFF: u8 = 0;
+const POWER_REBOOT: u8 = 1;
 
 /// Where the guest's serial output goes.
 #[derive(Debug, Clone)]
@@ -70,13 +84,25 @@ impl Trigger for IrqTrigger {
     }
 }
 
+/// How the guest ended the VM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GuestEnd {
+    /// It wrote this value to the exit port.
+    ExitPort(u8),
+    /// It powered off through the paravirtual power port.
+    PowerOff,
+    /// It asked for a reboot (keyboard-controller reset or the power port).
+    /// lwpvmm does not restart guests: the VM ends.
+    Reboot,
+}
+
 /// What a port access asks of the vCPU loop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PortAction {
     /// Done.
     Handled,
-    /// The guest wrote `value` to the exit port: end the VM.
-    Exit(u8),
+    /// The guest ended the VM.
+    End(GuestEnd),
     /// The #UD doorbell: the vCPU loop emulates the LWP instruction.
     UdDoorbell,
     /// An LWP state call (save or restore component 62).
@@ -146,8 +172,11 @@ impl PortBus {
                 let _ = self.serial.write((port - SERIAL_BASE) as u8, value);
                 PortAction::Handled
             }
-            EXIT_PORT => PortAction::Exit(value),
-            POST_PORT => PortAction::Handled,
+            EXIT_PORT => PortAction::End(GuestEnd::ExitPort(value)),
+            POST_PORT | CMOS_INDEX_PORT => PortAction::Handled,
+            KBD_COMMAND_PORT if value == KBD_RESET => PortAction::End(GuestEnd::Reboot),
+            PV_POWER_PORT if value == POWER_OFF => PortAction::End(GuestEnd::PowerOff),
+            PV_POWER_PORT if value == POWER_REBOOT => PortAction::End(GuestEnd::Reboot),
             PV_UD_PORT => PortAction::UdDoorbell,
             PV_STATE_PORT => PortAction::LwpStateCall,
             PV_DB_PORT => PortAction::DbDoorbell,
@@ -158,6 +187,10 @@ impl PortBus {
     /// An IN: unclaimed ports read as all ones, as on a PC bus.
     pub fn read(&mut self, port: u16, data: &mut [u8]) -> PortAction {
         match port {
+            CMOS_DATA_PORT => {
+                data.fill(0);
+                PortAction::Handled
+            }
             SERIAL_BASE..=0x3ff => {
                 let v = self.serial.read((port - SERIAL_BASE) as u8);
                 data.iter_mut().for_each(|b| *b = v);
@@ -202,7 +235,13 @@ mod tests {
         assert_eq!(&*buf.lock().unwrap(), b"hi");
         // (port, byte written, action)
         let table = [
-            (0xf4, 3, PortAction::Exit(3)),
+            (0xf4, 3, PortAction::End(GuestEnd::ExitPort(3))),
+            (0x5e, 0, PortAction::End(GuestEnd::PowerOff)),
+            (0x5e, 1, PortAction::End(GuestEnd::Reboot)),
+            (0x5e, 2, PortAction::Unclaimed),
+            (0x64, 0xfe, PortAction::End(GuestEnd::Reboot)),
+            (0x64, 0xad, PortAction::Unclaimed),
+            (0x70, 0x0a, PortAction::Handled),
             (0x5c, 0, PortAction::UdDoorbell),
             (0x5d, 1, PortAction::LwpStateCall),
             (0x5b, 0, PortAction::DbDoorbell),
@@ -215,6 +254,8 @@ mod tests {
         let mut d = [0u8; 1];
         assert_eq!(bus.read(0x61, &mut d), PortAction::Unclaimed);
         assert_eq!(d, [0xff]);
+        assert_eq!(bus.read(0x71, &mut d), PortAction::Handled);
+        assert_eq!(d, [0], "no RTC update in progress");
         assert_eq!(bus.read(0x3fd, &mut d), PortAction::Handled);
         assert_ne!(d[0] & 0x20, 0, "transmitter empty");
     }

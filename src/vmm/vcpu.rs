@@ -15,7 +15,7 @@ use kvm_ioctls::{SyncReg, VcpuExit, VcpuFd, VmFd};
 use thiserror::Error;
 use vm_memory::ByteValued;
 
-use super::devices::{PortAction, PortBus};
+use super::devices::{GuestEnd, PortAction, PortBus};
 use super::lwp_insn::{self, Context, LwpMnemonic, MAX_INSN_LEN, Outcome};
 use super::metrics::Metrics;
 use super::pause::PauseGate;
@@ -120,8 +120,8 @@ pub enum VcpuError {
 /// How a vCPU left its loop without an error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum VcpuStop {
-    /// The guest wrote this value to the exit port.
-    ExitPort(u8),
+    /// The guest ended the VM.
+    Ended(GuestEnd),
     /// Another vCPU ended the VM.
     Stopped,
 }
@@ -665,7 +665,7 @@ impl Vcpu {
                 Err(source) => return Err(VcpuError::Run { vcpu: id, source }),
             };
             match action {
-                PortAction::Exit(value) => return Ok(VcpuStop::ExitPort(value)),
+                PortAction::End(end) => return Ok(VcpuStop::Ended(end)),
                 PortAction::UdDoorbell => self.ud_doorbell(shared)?,
                 PortAction::LwpStateCall => self.lwp_state_call(shared),
                 PortAction::DbDoorbell => self.db_doorbell(shared),

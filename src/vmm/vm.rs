@@ -31,7 +31,7 @@ use vmm_sys_util::timerfd::TimerFd;
 
 use super::boot::{self, BootError};
 use super::cpuid;
-use super::devices::{PortBus, SERIAL_IRQ, SerialOut};
+use super::devices::{GuestEnd, PortBus, SERIAL_IRQ, SerialOut};
 use super::metrics::{self, Metrics};
 use super::pause::PauseGate;
 use super::seccomp::{self, ThreadKind};
@@ -144,8 +144,8 @@ pub enum VmError {
 /// How a VM ended.
 #[derive(Debug, Clone)]
 pub struct RunOutcome {
-    /// The value the guest wrote to the exit port.
-    pub exit_value: u8,
+    /// How the guest ended the VM.
+    pub end: GuestEnd,
     /// The counters.
     pub metrics: serde_json::Value,
     /// Each vCPU's LWP unit counters.
@@ -1057,13 +1057,13 @@ impl ControlThread {
         for h in &handles {
             let _ = h.kill(SIGRTMIN());
         }
-        let mut first: Option<Result<u8, VmError>> = None;
+        let mut first: Option<Result<GuestEnd, VmError>> = None;
         let mut lwp = Vec::new();
         for (id, h) in handles.into_iter().enumerate() {
             let (result, stats) = h.join().map_err(|_| VmError::Panicked(id as u8))?;
             lwp.push(stats);
             let r = match result {
-                Ok(VcpuStop::ExitPort(v)) => Some(Ok(v)),
+                Ok(VcpuStop::Ended(end)) => Some(Ok(end)),
                 Ok(VcpuStop::Stopped) => None,
                 Err(e) => Some(Err(VmError::from(e))),
             };
@@ -1079,9 +1079,9 @@ impl ControlThread {
         {
             metrics.trace_errors.fetch_add(1, Ordering::Relaxed);
         }
-        let exit_value = first.unwrap_or(Ok(0))?;
+        let end = first.unwrap_or(Ok(GuestEnd::ExitPort(0)))?;
         Ok(RunOutcome {
-            exit_value,
+            end,
             metrics: metrics::vm_json(&all_metrics),
             lwp,
         })

@@ -1,0 +1,98 @@
+#!/bin/sh
+# Builds lwpvmm's Linux guest: OUTDIR/vmlinux from Debian's linux-source-6.1
+# with lwpvmm.config on top of tinyconfig and the patches in patches/, and
+# OUTDIR/initramfs.cpio holding the LWP self-test as /init.
+#
+# The kernel is cached in OUTDIR keyed by a hash of the source package
+# version, this script, the config fragment and the patches: a second run
+# only rebuilds the (tiny) initramfs. docs/linux-guest.md explains every part.
+set -eu
+
+usage() { echo "usage: $0 OUTDIR" >&2; exit 2; }
+[ $# -eq 1 ] || usage
+OUT=$1
+HERE=$(cd "$(dirname "$0")" && pwd)
+TARBALL=/usr/src/linux-source-6.1.tar.xz
+JOBS=$(nproc 2>/dev/null || echo 2)
+
+log() { echo "lwpvmm linux: $*" >&2; }
+
+need_packages() {
+    missing=""
+    [ -f "$TARBALL" ] || missing="$missing linux-source-6.1"
+    for tool in bison:bison flex:flex bc:bc make:make gcc:gcc; do
+        command -v "${tool%%:*}" >/dev/null 2>&1 || missing="$missing ${tool#*:}"
+    done
+    [ -f /usr/include/gelf.h ] || missing="$missing libelf-dev"
+    [ -f /usr/include/openssl/ssl.h ] || missing="$missing libssl-dev"
+    [ -z "$missing" ] && return 0
+    log "installing$missing"
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    # shellcheck disable=SC2086
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
+}
+
+need_packages
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+
+VERSION=$(dpkg-query -W -f '${Version}' linux-source-6.1 2>/dev/null || echo unknown)
+KEY=$( (echo "$VERSION"; cat "$HERE/build.sh" "$HERE/lwpvmm.config" "$HERE"/patches/*.patch) |
+    sha256sum | cut -c1-16)
+TREE="$OUT/linux-source-6.1"
+# What the initramfs step needs from the kernel tree, kept when the 1.5 GB
+# build tree is removed.
+SUPPORT="$OUT/support"
+
+if [ -f "$OUT/vmlinux" ] && [ -f "$SUPPORT/gen_init_cpio.c" ] &&
+    [ "$(cat "$OUT/vmlinux.key" 2>/dev/null)" = "$KEY" ]; then
+    log "kernel $KEY is cached"
+else
+    log "building kernel $KEY (about 90 s on 2 cores)"
+    rm -rf "$TREE" "$SUPPORT" "$OUT/vmlinux" "$OUT/vmlinux.key"
+    tar xf "$TARBALL" -C "$OUT"
+    for p in "$HERE"/patches/*.patch; do
+        log "applying $(basename "$p")"
+        patch -s -p1 -d "$TREE" <"$p"
+    done
+    make -s -C "$TREE" ARCH=x86_64 tinyconfig >/dev/null
+    "$TREE/scripts/kconfig/merge_config.sh" -m -O "$TREE" "$TREE/.config" "$HERE/lwpvmm.config" >/dev/null 2>&1
+    make -s -C "$TREE" ARCH=x86_64 olddefconfig >/dev/null 2>&1
+    # A fragment option that Kconfig dropped (a dependency missing in this
+    # source version) would silently change the guest: refuse instead.
+    grep -E '^(CONFIG_[A-Z0-9_]+=.*|# CONFIG_[A-Z0-9_]+ is not set)$' "$HERE/lwpvmm.config" |
+    while read -r line; do
+        case $line in
+            "# "*) opt=${line#\# }; opt=${opt%% *}
+                   if grep -q "^$opt=" "$TREE/.config"; then
+                       log "config fragment: $opt is still set"; exit 1
+                   fi ;;
+            *) grep -qx "$line" "$TREE/.config" || { log "config fragment: $line did not take"; exit 1; } ;;
+        esac
+    done
+    make -s -C "$TREE" ARCH=x86_64 -j"$JOBS" vmlinux
+    cp "$TREE/vmlinux" "$OUT/vmlinux"
+    mkdir -p "$SUPPORT"
+    cp -r "$TREE/tools/include/nolibc" "$SUPPORT/nolibc"
+    cp "$TREE/usr/gen_init_cpio.c" "$SUPPORT/gen_init_cpio.c"
+    rm -rf "$TREE"
+    echo "$KEY" >"$OUT/vmlinux.key"
+fi
+
+# The initramfs: always rebuilt, it takes a second.
+INIT="$OUT/init"
+gcc -static -nostdlib -fno-stack-protector -fno-asynchronous-unwind-tables \
+    -O2 -Wall -Werror -mno-avx -mno-avx2 -mno-avx512f \
+    -I "$SUPPORT/nolibc" -include nolibc.h \
+    -o "$INIT" "$HERE/init/selftest.c" -lgcc
+gcc -O2 -o "$OUT/gen_init_cpio" "$SUPPORT/gen_init_cpio.c"
+cat >"$OUT/initramfs.list" <<LIST
+dir /dev 0755 0 0
+nod /dev/console 0600 0 0 c 5 1
+dir /proc 0755 0 0
+file /init $INIT 0755 0 0
+LIST
+"$OUT/gen_init_cpio" "$OUT/initramfs.list" >"$OUT/initramfs.cpio"
+log "wrote $OUT/vmlinux and $OUT/initramfs.cpio"
