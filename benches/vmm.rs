@@ -33,6 +33,10 @@ use lwpvmm::vmm::vm::{self, VmConfig};
 const ROUND_TRIP_ITERATIONS: u64 = 5000;
 const STARTS: usize = 20;
 
+/// Guest TSC cycles of one LWPINS in the bare round-trip guest, when the
+/// round_trips section ran, for the Linux comparison.
+static BARE_LWPINS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+
 fn round_trips() {
     let console = Arc::new(Mutex::new(Vec::new()));
     let config = VmConfig {
@@ -66,6 +70,7 @@ fn round_trips() {
     };
     let [lwpins, out, ud2, rdmsr, cpl0_out] =
         ["lwpins", "out", "ud2", "rdmsr", "cpl0_out"].map(per_iter);
+    let _ = BARE_LWPINS.set(lwpins);
     println!("round trips (guest TSC cycles per iteration, {ROUND_TRIP_ITERATIONS} iterations):");
     println!("  CPL3 lwpins via #UD doorbell      {lwpins:>10.0}");
     println!("  CPL3 out (port 0x80)              {out:>10.0}");
@@ -315,10 +320,10 @@ fn sampler() {
 }
 
 /// Seconds from spawning `args` to the first console line holding each
-/// marker. The last marker ends the run: the VMM is killed there, because
-/// QEMU keeps a halted guest running (lwpvmm has exited by then). A guest
-/// that never gets there is killed after two minutes.
-fn console_times(args: &[String], markers: &[&str]) -> Vec<Option<f64>> {
+/// marker, and the console. The last marker ends the run: the VMM is killed
+/// there, because QEMU keeps a halted guest running (lwpvmm has exited by
+/// then). A guest that never gets there is killed after two minutes.
+fn console_times(args: &[String], markers: &[&str]) -> (Vec<Option<f64>>, String) {
     let started = Instant::now();
     let child = Arc::new(Mutex::new(
         Command::new(&args[0])
@@ -335,8 +340,11 @@ fn console_times(args: &[String], markers: &[&str]) -> Vec<Option<f64>> {
         let _ = watchdog.lock().unwrap().kill();
     });
     let mut seen = vec![None; markers.len()];
+    let mut console = String::new();
     for line in BufReader::new(stdout).lines() {
         let Ok(line) = line else { break };
+        console.push_str(&line);
+        console.push('\n');
         for (i, m) in markers.iter().enumerate() {
             if seen[i].is_none() && line.contains(m) {
                 seen[i] = Some(started.elapsed().as_secs_f64());
@@ -349,7 +357,7 @@ fn console_times(args: &[String], markers: &[&str]) -> Vec<Option<f64>> {
     let mut child = child.lock().unwrap();
     let _ = child.kill();
     let _ = child.wait();
-    seen
+    (seen, console)
 }
 
 fn linux_boot() {
@@ -410,7 +418,7 @@ fn linux_boot() {
     // without ACPI) as its last line.
     let markers = ["Run /init", "lwp-linux-selftest: ", "reboot: "];
     println!("Linux guest, seconds from start to userspace / self-test done / kernel's last line:");
-    let l = console_times(&lwpvmm_run, &markers);
+    let (l, console) = console_times(&lwpvmm_run, &markers);
     let show = |t: &[Option<f64>]| {
         t.iter()
             .map(|t| t.map_or("-".into(), |t| format!("{t:.2}")))
@@ -418,6 +426,24 @@ fn linux_boot() {
             .join(" / ")
     };
     println!("  lwpvmm  {}", show(&l));
+    let linux_lwpins = console.lines().find_map(|l| {
+        l.trim()
+            .strip_prefix("lwpins from a Linux process: ")?
+            .split(' ')
+            .next()?
+            .parse::<f64>()
+            .ok()
+    });
+    match (linux_lwpins, BARE_LWPINS.get()) {
+        (Some(linux), Some(bare)) => println!(
+            "one LWPINS: Linux process {linux:.0} guest TSC cycles, bare guest {bare:.0}: ratio {:.2}",
+            linux / bare
+        ),
+        (Some(linux), None) => println!(
+            "one LWPINS from a Linux process: {linux:.0} guest TSC cycles (run round_trips too for the ratio)"
+        ),
+        (None, _) => println!("no LWPINS timing on the Linux console"),
+    }
     let has_qemu = Command::new("qemu-system-x86_64")
         .arg("--version")
         .stdout(Stdio::null())
@@ -427,7 +453,7 @@ fn linux_boot() {
         println!("  qemu    not installed (apt-get install qemu-system-x86): no comparison");
         return;
     }
-    let q = console_times(&qemu_run, &markers);
+    let (q, _) = console_times(&qemu_run, &markers);
     println!("  qemu    {}", show(&q));
     if let (Some(lu), Some(qu), Some(le), Some(qe)) = (l[0], q[0], l[2], q[2]) {
         println!(

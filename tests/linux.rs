@@ -1,6 +1,8 @@
 //! lwpvmm boots the Linux guest of resources/linux: the kernel built from
 //! Debian's linux-source-6.1 with our patches (built once, then cached under
-//! the target directory) and the LWP self-test as /init.
+//! the target directory) and the LWP self-test as /init, which runs
+//! unmodified -mlwp programs: records, two interleaved processes, faults,
+//! and a sampled profile whose host-side report these tests check.
 //!
 //! These tests need /dev/kvm and fail, loudly, where it is missing; building
 //! the kernel needs the packages build.sh installs (apt-get, as root).
@@ -79,30 +81,71 @@ fn leaf_of_cpuid_command(profile: &str, guest: &str) -> String {
     )
 }
 
+/// The first function of `lwpvmm report`'s table.
+fn top_function(report: &str) -> Option<&str> {
+    report
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() == 3 && f[0].parse::<u64>().is_ok()).then(|| f[2])
+        })
+}
+
 #[test]
-fn selftest_passes_and_power_off_ends_with_status_0() {
-    for profile in ["emulated", "bulldozer"] {
-        let (out, console) = run_linux(&["--lwp", profile, "--guest", "stock"]);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "{profile}: lwpvmm run did not end with the guest's power-off:\n{console}\n{stderr}"
-        );
-        assert!(
-            console.contains("lwp-linux-selftest: 9 passed, 0 failed"),
-            "{profile}:\n{console}"
-        );
-        assert!(!console.contains("not ok"), "{profile}:\n{console}");
-        assert!(
-            console.contains(&leaf_of_cpuid_command(profile, "stock")),
-            "{profile}: the guest's leaf differs from `lwpvmm cpuid`:\n{console}"
-        );
-        assert!(
-            console.contains("lwpvmm: paravirtual interface found"),
-            "{console}"
-        );
+fn lwp_programs_pass_and_their_profile_puts_the_hot_function_on_top() {
+    let trace = linux().join("selftest.trace");
+    let trace_arg = trace.to_str().expect("UTF-8 path");
+    let (out, console) = run_linux(&["--lwp", "emulated", "--trace", trace_arg]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "lwpvmm run did not end with the guest's power-off:\n{console}\n{stderr}"
+    );
+    for line in [
+        "lwpvmm: LWP for user tasks",
+        "ok - /lwp-records",
+        "ok - /lwp-two",
+        "ok - /lwp-faults",
+        "ok - /lwp-hot",
+        "lwp-linux-selftest: 13 passed, 0 failed",
+    ] {
+        assert!(console.contains(line), "missing {line:?}:\n{console}");
     }
+    assert!(!console.contains("not ok"), "{console}");
+    assert!(
+        console.contains(&leaf_of_cpuid_command("emulated", "shim")),
+        "the guest's leaf differs from `lwpvmm cpuid`:\n{console}"
+    );
+    let hot = linux().join("bin/lwp-hot");
+    let report = Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
+        .args(["report", trace_arg, "--symbols"])
+        .arg(&hot)
+        .output()
+        .expect("run lwpvmm report");
+    let text = String::from_utf8_lossy(&report.stdout);
+    assert!(report.status.success(), "{report:?}");
+    assert_eq!(top_function(&text), Some("hot_4"), "{text}");
+    let _ = std::fs::remove_file(&trace);
+}
+
+#[test]
+fn a_stock_guest_sees_the_leaf_but_runs_no_lwp_programs() {
+    let (out, console) = run_linux(&["--lwp", "bulldozer", "--guest", "stock"]);
+    assert_eq!(out.status.code(), Some(0), "{console}");
+    for line in [
+        "lwp-linux-selftest: 9 passed, 0 failed",
+        "LWP programs not run: CPUID 0x8000001c.EAX has no LwpAvail",
+        "lwpvmm: paravirtual interface found",
+    ] {
+        assert!(console.contains(line), "missing {line:?}:\n{console}");
+    }
+    assert!(!console.contains("LWP for user tasks"), "{console}");
+    assert!(
+        console.contains(&leaf_of_cpuid_command("bulldozer", "stock")),
+        "the guest's leaf differs from `lwpvmm cpuid`:\n{console}"
+    );
 }
 
 #[test]
@@ -114,9 +157,10 @@ fn without_lwp_the_selftest_sees_none() {
         "not ok - CPUID 0x80000001.ECX[15] (LWP) set",
         "leaf 0x8000001c: eax=0 ebx=0 ecx=0 edx=0",
         "not ok - /proc/lwp_cpuid gives the same leaf",
+        "LWP programs not run: CPUID 0x8000001c.EAX has no LwpAvail",
         // Without LWP the MSRs #GP, as on hardware without LWP: the msr
         // driver's reads and writes fail.
-        "not ok - LWP_CFG reads 0 at boot",
+        "not ok - LWP_CFG reads what the kernel enabled at boot",
         "not ok - LWP_CBADDR reads 0 at boot",
         "lwp-linux-selftest: 2 passed, 7 failed",
     ] {

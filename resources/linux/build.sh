@@ -81,18 +81,24 @@ else
     echo "$KEY" >"$OUT/vmlinux.key"
 fi
 
-# The initramfs: always rebuilt, it takes a second.
-INIT="$OUT/init"
-gcc -static -nostdlib -fno-stack-protector -fno-asynchronous-unwind-tables \
-    -O2 -Wall -Werror -mno-avx -mno-avx2 -mno-avx512f \
-    -I "$SUPPORT/nolibc" -include nolibc.h \
-    -o "$INIT" "$HERE/init/selftest.c" -lgcc
-gcc -O2 -o "$OUT/gen_init_cpio" "$SUPPORT/gen_init_cpio.c"
+# The initramfs: always rebuilt, it takes a second. Static programs on the
+# kernel's nolibc, without AVX (kvm_pvm does not preserve it across guest
+# processes); the LWP programs use gcc's -mlwp intrinsics.
+mkdir -p "$OUT/bin"
 cat >"$OUT/initramfs.list" <<LIST
 dir /dev 0755 0 0
 nod /dev/console 0600 0 0 c 5 1
 dir /proc 0755 0 0
-file /init $INIT 0755 0 0
 LIST
+for prog in selftest lwp-records lwp-two lwp-faults lwp-hot; do
+    gcc -static -nostdlib -fno-stack-protector -fno-asynchronous-unwind-tables \
+        -O2 -Wall -Werror -mlwp -mno-avx -mno-avx2 -mno-avx512f \
+        -I "$SUPPORT/nolibc" -include nolibc.h \
+        -o "$OUT/bin/$prog" "$HERE/init/$prog.c" -lgcc
+    name=/$prog
+    [ "$prog" = selftest ] && name=/init
+    echo "file $name $OUT/bin/$prog 0755 0 0" >>"$OUT/initramfs.list"
+done
+gcc -O2 -o "$OUT/gen_init_cpio" "$SUPPORT/gen_init_cpio.c"
 "$OUT/gen_init_cpio" "$OUT/initramfs.list" >"$OUT/initramfs.cpio"
 log "wrote $OUT/vmlinux and $OUT/initramfs.cpio"

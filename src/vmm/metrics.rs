@@ -41,6 +41,8 @@ metrics! {
     ud_faults,
     /// LWP instructions emulated after a CPL0 emulation failure.
     cpl0_lwp,
+    /// FWAITs at CPL0 that KVM's emulator failed on, skipped.
+    cpl0_fwait,
     /// LLWPCB executed.
     llwpcb,
     /// SLWPCB executed.

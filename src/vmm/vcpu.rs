@@ -59,6 +59,8 @@ pub enum StateStatus {
     BadCall = 4,
 }
 const KVM_INTERNAL_ERROR_EMULATION: u32 = 1;
+/// FWAIT's opcode.
+const FWAIT: u8 = 0x9b;
 const KVM_INTERNAL_ERROR_EMULATION_FLAG_INSTRUCTION_BYTES: u64 = 1;
 /// The guest physical-address width lwpvmm assumes for page walks.
 pub const MAXPHYADDR: u8 = 48;
@@ -755,6 +757,7 @@ impl Vcpu {
         if sregs.cs.dpl != 0 {
             return (StateStatus::BadCall, None);
         }
+        let in_lwpcb_space = self.lwpcb_cr3 == Some(sregs.cr3 & CR3_ADDR);
         let Some(unit) = self.unit.as_mut() else {
             return (StateStatus::NoLwp, None);
         };
@@ -765,6 +768,12 @@ impl Vcpu {
         let area_at = regs.rdi;
         match regs.rax as u8 {
             STATE_SAVE => {
+                // The image has no MissedEvents: flush it (and the head) into
+                // the LWPCB as SLWPCB does, when its address space is current.
+                // A flush that faults is counted in the unit's flush_faults.
+                if in_lwpcb_space {
+                    unit.slwpcb(&mut view);
+                }
                 let area = unit.save_xsave();
                 match view.write(area_at, area.as_slice(), Access::SupervisorWrite) {
                     Ok(()) => (StateStatus::Ok, None),
@@ -945,7 +954,10 @@ impl Vcpu {
     }
 
     /// KVM's emulator (CPL0 on kvm_pvm) could not run an instruction. LWP
-    /// instructions are emulated here; anything else ends the VM.
+    /// instructions are emulated here, and FWAIT is skipped: Linux runs it
+    /// when a process drops its FPU state, and it does nothing unless an
+    /// unmasked x87 exception is pending, whose #MF is then lost (a known gap,
+    /// docs/linux-guest.md). Anything else ends the VM.
     fn emulation_failure(&mut self, shared: &Shared) -> Result<(), VcpuError> {
         let id = self.id;
         let run = self.fd.get_kvm_run();
@@ -963,6 +975,12 @@ impl Vcpu {
         let has_bytes = suberror == KVM_INTERNAL_ERROR_EMULATION
             && flags & KVM_INTERNAL_ERROR_EMULATION_FLAG_INSTRUCTION_BYTES != 0;
         let len = usize::from(size).min(MAX_INSN_LEN);
+        if has_bytes && len > 0 && raw[0] == FWAIT && sregs.cs.dpl == 0 {
+            shared.metrics.cpl0_fwait.fetch_add(1, Ordering::Relaxed);
+            regs.rip = regs.rip.wrapping_add(1);
+            self.commit_regs(regs);
+            return Ok(());
+        }
         if has_bytes && len > 0 {
             let paging = paging_of(&sregs);
             if let Ok(paging) = paging {

@@ -11,6 +11,10 @@
  * the host's leaves, so the leaves are read through /dev/cpu/0/cpuid, whose
  * driver executes CPUID in the kernel, and /proc/lwp_cpuid (our kernel
  * patch 0004) must give the same leaf 0x8000001C.
+ *
+ * Then, when the leaf says the OS enabled LWP (EAX.LwpAvail), it runs the
+ * LWP programs (unmodified -mlwp programs, each a check of its own); without
+ * LwpAvail they are not run, and say so.
  */
 #include <linux/reboot.h>
 
@@ -20,12 +24,22 @@
 #define MSR_LWP_CFG 0xc0000105u
 #define MSR_LWP_CBADDR 0xc0000106u
 #define LWP_VAL (1u << 1)
+/* What the kernel enables in LWP_CFG when it runs LWP for user tasks: the
+ * event enables, CONT and PTSC (patch 0004). */
+#define LWP_CFG_ENABLES 0x6000007eu
 
 static int passed, failed;
 
 static void check(const char *name, int ok)
 {
-	printf("%s - %s\n", ok ? "ok" : "not ok", name);
+	/* One write per line, so that a kernel message on the console is
+	 * unlikely to land inside it. */
+	char line[160] = "";
+
+	strncat(line, ok ? "ok - " : "not ok - ", 9);
+	strncat(line, name, sizeof(line) - strlen(line) - 2);
+	strncat(line, "\n", 1);
+	write(1, line, strlen(line));
 	if (ok)
 		passed++;
 	else
@@ -114,10 +128,33 @@ static int cpuinfo_has_lwp(void)
 	return 0;
 }
 
-int main(void)
+/* Runs an LWP test program; whether it exited 0. */
+static int run_program(const char *path, char **envp)
 {
+	char *argv[] = { (char *)path, 0 };
+	int status = -1;
+	pid_t pid = fork();
+
+	if (pid == 0) {
+		execve(path, argv, envp);
+		printf("cannot run %s\n", path);
+		exit(127);
+	}
+	if (pid < 0 || waitpid(pid, &status, 0) != pid)
+		return 0;
+	if (status)
+		printf("  %s: wait status %x\n", path, status);
+	return status == 0;
+}
+
+int main(int argc, char **argv, char **envp)
+{
+	static const char *const programs[] = {
+		"/lwp-records", "/lwp-two", "/lwp-faults", "/lwp-hot",
+	};
+	unsigned int i;
 	unsigned int ext[4] = { 0 }, lwp[4] = { 0 };
-	unsigned long long cfg = ~0ull, cbaddr = ~0ull, value;
+	unsigned long long cfg = ~0ull, cbaddr = ~0ull, boot_cfg = ~0ull, value;
 	char want[64], file[64];
 
 	mount("proc", "/proc", "proc", 0, 0);
@@ -136,16 +173,28 @@ int main(void)
 	check("/proc/lwp_cpuid gives the same leaf",
 	      slurp("/proc/lwp_cpuid", file, sizeof(file)) > 0 &&
 		      strcmp(file, want) == 0);
-	check("LWP_CFG reads 0 at boot", msr(MSR_LWP_CFG, &cfg, 0) && cfg == 0);
+	check("LWP_CFG reads what the kernel enabled at boot",
+	      msr(MSR_LWP_CFG, &boot_cfg, 0) &&
+		      boot_cfg == ((lwp[0] & 1) ? lwp[3] & LWP_CFG_ENABLES : 0));
 	check("LWP_CBADDR reads 0 at boot",
 	      msr(MSR_LWP_CBADDR, &cbaddr, 0) && cbaddr == 0);
 	value = lwp[3] & LWP_VAL;
 	check("LWP_CFG takes a supported enable and reads it back",
 	      value && msr(MSR_LWP_CFG, &value, 1) &&
 		      msr(MSR_LWP_CFG, &cfg, 0) && cfg == value);
-	value = 0;
-	check("LWP_CFG clears again", msr(MSR_LWP_CFG, &value, 1) &&
-					      msr(MSR_LWP_CFG, &cfg, 0) && cfg == 0);
+	value = boot_cfg;
+	check("LWP_CFG takes the kernel's value back",
+	      msr(MSR_LWP_CFG, &value, 1) && msr(MSR_LWP_CFG, &cfg, 0) &&
+		      cfg == boot_cfg);
+
+	if (lwp[0] & 1) {
+		for (i = 0; i < sizeof(programs) / sizeof(programs[0]); i++) {
+			printf("%s:\n", programs[i]);
+			check(programs[i], run_program(programs[i], envp));
+		}
+	} else {
+		printf("LWP programs not run: CPUID 0x8000001c.EAX has no LwpAvail\n");
+	}
 
 	printf("lwp-linux-selftest: %d passed, %d failed\n", passed, failed);
 	reboot(LINUX_REBOOT_CMD_POWER_OFF);

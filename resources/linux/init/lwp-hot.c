@@ -1,0 +1,62 @@
+/*
+ * A sampled profile of a Linux process: three functions doing 1, 2 and 4
+ * units of work with CNH (clocks not halted) sampling. lwpvmm's host-side
+ * trace and `lwpvmm report --symbols` of this program must put hot_4 on
+ * top. The ring is drained as it fills, as a profiler would.
+ */
+#include "lwp.h"
+
+#define SLOTS 256
+#define ROUNDS 400
+#define UNIT 200000
+
+static struct lwpcb cb __attribute__((aligned(64)));
+static struct lwp_record ring[SLOTS] __attribute__((aligned(4096)));
+static volatile unsigned long long sink;
+static unsigned long long samples;
+
+/* Each function spins itself: the report charges the sampled address. */
+#define HOT(name, units)                                         \
+	static void __attribute__((noinline)) name(void)         \
+	{                                                        \
+		unsigned long long n = (units) * UNIT;           \
+		while (n--)                                      \
+			sink += n;                               \
+	}
+HOT(hot_1, 1)
+HOT(hot_2, 2)
+HOT(hot_4, 4)
+
+static void drain(void)
+{
+	__slwpcb();
+	samples += (cb.head + sizeof(ring) - cb.tail) % sizeof(ring) /
+		   sizeof(struct lwp_record);
+	cb.tail = cb.head;
+}
+
+int main(void)
+{
+	int i;
+
+	memset(&cb, 0, sizeof(cb));
+	memset(ring, 0, sizeof(ring));
+	cb.flags = LWP_CNH;
+	cb.buffer_size = sizeof(ring);
+	cb.buffer_base = (unsigned long long)ring;
+	cb.events[LWP_EVENT_CNH - 1].interval = 1;
+	__llwpcb(&cb);
+	check("LLWPCB grants CNH", cb.flags == LWP_CNH);
+	for (i = 0; i < ROUNDS; i++) {
+		hot_1();
+		hot_2();
+		hot_4();
+		if (i % 8 == 0)
+			drain();
+	}
+	drain();
+	__llwpcb(0);
+	printf("  lwp-hot: %llu samples\n", samples);
+	check("CNH samples were taken", samples > 20);
+	return summary("lwp-hot");
+}
