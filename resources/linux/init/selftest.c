@@ -159,7 +159,7 @@ int main(int argc, char **argv, char **envp)
 
 	mount("proc", "/proc", "proc", 0, 0);
 	mount("devtmpfs", "/dev", "devtmpfs", 0, 0);
-	printf("lwp-linux-selftest: starting\n");
+	printf("LWP self-test starting\n");
 
 	check("/proc/cpuinfo flags show lwp", cpuinfo_has_lwp());
 	check("CPUID 0x80000001 read in the kernel",
