@@ -2,7 +2,8 @@
 //! Debian's linux-source-6.1 with our patches (built once, then cached under
 //! the target directory) and the LWP self-test as /init, which runs
 //! unmodified -mlwp programs: records, two interleaved processes, faults,
-//! and a sampled profile whose host-side report these tests check.
+//! the threshold interrupt, and a sampled profile whose host-side report
+//! these tests check.
 //!
 //! These tests need /dev/kvm and fail, loudly, where it is missing; building
 //! the kernel needs the packages build.sh installs (apt-get, as root).
@@ -109,7 +110,8 @@ fn lwp_programs_pass_and_their_profile_puts_the_hot_function_on_top() {
         "ok - /lwp-two",
         "ok - /lwp-faults",
         "ok - /lwp-hot",
-        "lwp-linux-selftest: 13 passed, 0 failed",
+        "ok - /lwp-threshold",
+        "lwp-linux-selftest: 14 passed, 0 failed",
     ] {
         assert!(console.contains(line), "missing {line:?}:\n{console}");
     }

@@ -25,8 +25,11 @@
 #define MSR_LWP_CBADDR 0xc0000106u
 #define LWP_VAL (1u << 1)
 /* What the kernel enables in LWP_CFG when it runs LWP for user tasks: the
- * event enables, CONT and PTSC (patch 0004). */
+ * event enables, CONT and PTSC the leaf offers, and INT with the kernel's
+ * threshold vector 0xf5 (patch 0004). */
 #define LWP_CFG_ENABLES 0x6000007eu
+#define LWP_CFG_INT (1u << 31)
+#define LWP_THRESHOLD_VECTOR 0xf5ull
 
 static int passed, failed;
 
@@ -150,7 +153,8 @@ static int run_program(const char *path, char **envp)
 int main(int argc, char **argv, char **envp)
 {
 	static const char *const programs[] = {
-		"/lwp-records", "/lwp-two", "/lwp-faults", "/lwp-hot",
+		"/lwp-records", "/lwp-two",	  "/lwp-faults",
+		"/lwp-hot",	"/lwp-threshold",
 	};
 	unsigned int i;
 	unsigned int ext[4] = { 0 }, lwp[4] = { 0 };
@@ -173,9 +177,14 @@ int main(int argc, char **argv, char **envp)
 	check("/proc/lwp_cpuid gives the same leaf",
 	      slurp("/proc/lwp_cpuid", file, sizeof(file)) > 0 &&
 		      strcmp(file, want) == 0);
+	value = 0;
+	if (lwp[0] & 1) {
+		value = lwp[3] & LWP_CFG_ENABLES;
+		if (lwp[3] & LWP_CFG_INT)
+			value |= LWP_CFG_INT | LWP_THRESHOLD_VECTOR << 40;
+	}
 	check("LWP_CFG reads what the kernel enabled at boot",
-	      msr(MSR_LWP_CFG, &boot_cfg, 0) &&
-		      boot_cfg == ((lwp[0] & 1) ? lwp[3] & LWP_CFG_ENABLES : 0));
+	      msr(MSR_LWP_CFG, &boot_cfg, 0) && boot_cfg == value);
 	check("LWP_CBADDR reads 0 at boot",
 	      msr(MSR_LWP_CBADDR, &cbaddr, 0) && cbaddr == 0);
 	value = lwp[3] & LWP_VAL;
