@@ -1,7 +1,7 @@
 /*
- * What the LWP test programs of lwpvmm's Linux guest share: the LWP control
- * block and event record as LWP software declares them (EventOffset 128,
- * six events), /proc/lwp_cpuid, and the check helper. Built against the
+ * What the self-test and the LWP test programs of lwpvmm's Linux guest
+ * share: the LWP control block and event record as LWP software declares
+ * them (EventOffset 128, six events), /proc/lwp_cpuid, and the check helper. Built against the
  * kernel's nolibc with -mlwp, so the LWP instructions are gcc's intrinsics.
  */
 #ifndef LWPVMM_LINUX_LWP_H
@@ -47,13 +47,19 @@ struct lwp_record {
 	unsigned long long ip, data2, timestamp;
 };
 
+/* What each check line starts with: the programs' lines are indented under
+ * the self-test's. */
+#ifndef CHECK_INDENT
+#define CHECK_INDENT "  "
+#endif
+
 static int passed, failed;
 
 static __attribute__((unused)) void check(const char *name, int ok)
 {
 	/* One write per line, so that a kernel message on the console is
 	 * unlikely to land inside it. */
-	char line[160] = "  ";
+	char line[160] = CHECK_INDENT;
 
 	strncat(line, ok ? "ok - " : "not ok - ", 9);
 	strncat(line, name, sizeof(line) - strlen(line) - 2);

@@ -18,36 +18,21 @@
  */
 #include <linux/reboot.h>
 
+/* The self-test's own check lines are not indented. */
+#define CHECK_INDENT ""
+#include "lwp.h"
+
 #define LEAF_EXT_FEATURES 0x80000001u
 #define LEAF_LWP 0x8000001cu
 #define EXT_FEATURES_ECX_LWP (1u << 15)
 #define MSR_LWP_CFG 0xc0000105u
 #define MSR_LWP_CBADDR 0xc0000106u
-#define LWP_VAL (1u << 1)
 /* What the kernel enables in LWP_CFG when it runs LWP for user tasks: the
  * event enables, CONT and PTSC the leaf offers, and INT with the kernel's
  * threshold vector 0xf5 (patch 0004). */
 #define LWP_CFG_ENABLES 0x6000007eu
 #define LWP_CFG_INT (1u << 31)
 #define LWP_THRESHOLD_VECTOR 0xf5ull
-
-static int passed, failed;
-
-static void check(const char *name, int ok)
-{
-	/* One write per line, so that a kernel message on the console is
-	 * unlikely to land inside it. */
-	char line[160] = "";
-
-	strncat(line, ok ? "ok - " : "not ok - ", 9);
-	strncat(line, name, sizeof(line) - strlen(line) - 2);
-	strncat(line, "\n", 1);
-	write(1, line, strlen(line));
-	if (ok)
-		passed++;
-	else
-		failed++;
-}
 
 /* Reads the four registers of a CPUID leaf as the kernel sees them. */
 static int cpuid(unsigned int leaf, unsigned int regs[4])
