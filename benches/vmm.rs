@@ -111,18 +111,10 @@ fn measure(args: &[&str]) -> (f64, i64) {
     (wall, rss)
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-fn starts() {
-    let elf = std::env::temp_dir().join(format!("lwpvmm-bench-{}-minimal.elf", std::process::id()));
-    std::fs::write(&elf, lwpvmm::guests::get("minimal").expect("guest")).unwrap();
-    let kernel = elf.to_str().unwrap();
-    let lwpvmm_bin = env!("CARGO_BIN_EXE_lwpvmm");
-    let lwpvmm_run: Vec<&str> = vec![lwpvmm_bin, "run", "--kernel", kernel, "--memory", "64"];
-    let qemu_run: Vec<&str> = vec![
+/// QEMU microvm with KVM, 64 MiB, the console on stdio and no display,
+/// followed by `extra`: the configuration both comparisons use.
+fn qemu_microvm(extra: &[&str]) -> Vec<String> {
+    [
         "qemu-system-x86_64",
         "-M",
         "microvm,x-option-roms=off,rtc=off",
@@ -137,11 +129,39 @@ fn starts() {
         "stdio",
         "-display",
         "none",
+    ]
+    .iter()
+    .chain(extra)
+    .map(|a| a.to_string())
+    .collect()
+}
+
+fn has_qemu() -> bool {
+    Command::new("qemu-system-x86_64")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn starts() {
+    let elf = std::env::temp_dir().join(format!("lwpvmm-bench-{}-minimal.elf", std::process::id()));
+    std::fs::write(&elf, lwpvmm::guests::get("minimal").expect("guest")).unwrap();
+    let kernel = elf.to_str().unwrap();
+    let lwpvmm_bin = env!("CARGO_BIN_EXE_lwpvmm");
+    let lwpvmm_run: Vec<&str> = vec![lwpvmm_bin, "run", "--kernel", kernel, "--memory", "64"];
+    let qemu_args = qemu_microvm(&[
         "-device",
         "isa-debug-exit,iobase=0xf4,iosize=0x04",
         "-kernel",
         kernel,
-    ];
+    ]);
+    let qemu_run: Vec<&str> = qemu_args.iter().map(String::as_str).collect();
     let run = |args: &[&str]| {
         let samples: Vec<(f64, i64)> = (0..STARTS).map(|_| measure(args)).collect();
         let wall = median(samples.iter().map(|s| s.0).collect());
@@ -155,12 +175,7 @@ fn starts() {
     let (lw, lr) = run(&lwpvmm_run);
     println!("process start to exit of the minimal guest ({STARTS} runs, median wall, peak RSS):");
     println!("  lwpvmm  {:>8.1} ms {:>8} KiB", lw * 1e3, lr);
-    let has_qemu = Command::new("qemu-system-x86_64")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if has_qemu {
+    if has_qemu() {
         let (qw, qr) = run(&qemu_run);
         println!("  qemu    {:>8.1} ms {:>8} KiB", qw * 1e3, qr);
         println!(
@@ -386,31 +401,15 @@ fn linux_boot() {
     ]
     .map(String::from)
     .to_vec();
-    let qemu_run: Vec<String> = [
-        "qemu-system-x86_64",
-        "-M",
-        "microvm,x-option-roms=off,rtc=off",
-        "-enable-kvm",
-        "-cpu",
-        "host,arch-capabilities=off",
-        "-m",
-        "64",
-        "-nodefaults",
-        "-no-user-config",
+    let qemu_run = qemu_microvm(&[
         "-no-reboot",
-        "-serial",
-        "stdio",
-        "-display",
-        "none",
         "-kernel",
         &kernel,
         "-initrd",
         &initramfs,
         "-append",
         cmdline,
-    ]
-    .map(String::from)
-    .to_vec();
+    ]);
     // The kernel prints "reboot: Power down" (lwpvmm, through the power
     // port) or "reboot: System halted" (QEMU, which has no power-off
     // without ACPI) as its last line.
@@ -442,12 +441,7 @@ fn linux_boot() {
         ),
         (None, _) => println!("no LWPINS timing on the Linux console"),
     }
-    let has_qemu = Command::new("qemu-system-x86_64")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !has_qemu {
+    if !has_qemu() {
         println!("  qemu    not installed (apt-get install qemu-system-x86): no comparison");
         return;
     }
