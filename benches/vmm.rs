@@ -28,7 +28,8 @@ use std::time::{Duration, Instant};
 
 use lwpvmm::lwp::cpuid::{GuestLwpSupport, LwpProfile};
 use lwpvmm::vmm::devices::{GuestEnd, SerialOut};
-use lwpvmm::vmm::vm::{self, VmConfig};
+use lwpvmm::vmm::seccomp::SeccompMode;
+use lwpvmm::vmm::vm::{self, VmConfig, VmEnd};
 
 const ROUND_TRIP_ITERATIONS: u64 = 5000;
 const STARTS: usize = 20;
@@ -49,12 +50,13 @@ fn round_trips() {
         guest: GuestLwpSupport::Shim,
         serial: SerialOut::Capture(Arc::clone(&console)),
         snapshots: vm::SnapshotPlan::default(),
-        seccomp: true,
+        seccomp: SeccompMode::On,
+        stop_on_signals: false,
         profiling: vm::Profiling::default(),
         program: None,
     };
     let outcome = vm::run(&config).expect("round-trip guest");
-    assert_eq!(outcome.end, GuestEnd::ExitPort(0));
+    assert_eq!(outcome.end, VmEnd::Guest(GuestEnd::ExitPort(0)));
     let text = String::from_utf8_lossy(&console.lock().unwrap()).into_owned();
     let per_iter = |name: &str| -> f64 {
         let line = text
@@ -256,11 +258,13 @@ fn throughput(sample_hz: u32, lwp: bool) -> f64 {
         guest: GuestLwpSupport::Shim,
         serial: SerialOut::Capture(Arc::clone(&console)),
         snapshots: vm::SnapshotPlan::default(),
-        seccomp: true,
+        seccomp: SeccompMode::On,
+        stop_on_signals: false,
         profiling: vm::Profiling {
             sample_hz,
             trace: None,
             metrics: None,
+            ..Default::default()
         },
         program: None,
     };
@@ -287,7 +291,8 @@ fn stepping(bre: bool) -> f64 {
         guest: GuestLwpSupport::Shim,
         serial: SerialOut::Capture(Arc::clone(&console)),
         snapshots: vm::SnapshotPlan::default(),
-        seccomp: true,
+        seccomp: SeccompMode::On,
+        stop_on_signals: false,
         profiling: vm::Profiling::default(),
         program: None,
     };

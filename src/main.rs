@@ -1,5 +1,7 @@
-//! The lwpvmm binary: parses the command line and runs the command.
+//! The lwpvmm binary: sets up logging, parses the command line and runs the
+//! command.
 
+use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -10,10 +12,43 @@ use lwpvmm::cli::{Cli, run};
 /// isa-debug-exit status, which is always odd.
 const ERROR_STATUS: u8 = 2;
 
+/// Log lines go to stderr. Whether to colour them is decided here, once: the
+/// logger's default asks the terminal on every line, a system call the
+/// seccomp filters of lwpvmm's threads rightly do not allow. `RUST_LOG`
+/// sets the level (default: warnings), `RUST_LOG_STYLE` (`auto`, `always`,
+/// `never`) the colours, and `NO_COLOR` turns them off.
+fn init_logging() {
+    let colour = match std::env::var("RUST_LOG_STYLE").as_deref() {
+        Ok("always") => true,
+        Ok("never") => false,
+        _ => std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none(),
+    };
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
+        .write_style(if colour {
+            env_logger::WriteStyle::Always
+        } else {
+            env_logger::WriteStyle::Never
+        })
+        .target(env_logger::Target::Pipe(Box::new(Stderr)))
+        .init();
+}
+
+/// Standard error as a plain writer: the logger's pipe target writes each
+/// line whole and never queries the terminal.
+struct Stderr;
+
+impl Write for Stderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        std::io::stderr().write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
+}
+
 fn main() -> ExitCode {
-    // Warnings (rate limited where a guest can trigger them) go to stderr;
-    // RUST_LOG raises or lowers the level.
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    init_logging();
     let cli = Cli::parse();
     // Not locked for the whole run: the guest's serial console writes to
     // stdout from the vCPU threads meanwhile.

@@ -1,18 +1,22 @@
 //! seccomp: a thread under lwpvmm's vCPU or control filter that makes a
-//! system call outside the allowlist ends the whole process with SIGSYS,
-//! while allowed calls go through. Each case runs in a child process (this
-//! same binary, told by an environment variable which probe to run), because
-//! a filter cannot be removed once installed.
+//! system call outside its allowlist (or an ioctl request the thread does
+//! not make) stops the whole process with status 2 and a message naming the
+//! thread and the call; allowed calls go through; in `log` mode the call
+//! goes through too. Each case runs in a child process (this same binary,
+//! told by an environment variable which probe to run), because a filter
+//! cannot be removed once installed.
 //!
 //! A custom harness: it prints `seccomp: N passed, M failed` and exits
 //! non-zero when a case fails.
 
-use std::os::unix::process::ExitStatusExt;
+use std::os::unix::io::AsRawFd;
 use std::process::Command;
 
-use lwpvmm::vmm::seccomp::{ThreadKind, install};
+use lwpvmm::vmm::seccomp::{SeccompMode, ThreadKind, install};
 
 const PROBE: &str = "LWPVMM_SECCOMP_PROBE";
+/// KVM_CREATE_VM: a KVM ioctl that no thread makes once the VM runs.
+const KVM_CREATE_VM: u64 = 0xae01;
 
 /// The child side: install a filter, then make one system call.
 fn probe(which: &str) -> ! {
@@ -21,11 +25,26 @@ fn probe(which: &str) -> ! {
     } else {
         ThreadKind::Vcpu
     };
-    install(kind).expect("install the filter");
-    if which.ends_with("denied") {
+    let mode = if which.ends_with("log") {
+        SeccompMode::Log
+    } else {
+        SeccompMode::On
+    };
+    // Opened before the filter, as lwpvmm opens /dev/kvm during setup.
+    let kvm = std::fs::File::open("/dev/kvm");
+    install(kind, mode, "probe").expect("install the filter");
+    if which.contains("denied") {
         // socket(2) is in no lwpvmm allowlist.
         let _ = std::net::UdpSocket::bind("127.0.0.1:0");
         println!("survived a denied system call");
+        std::process::exit(3);
+    }
+    if which.contains("create-vm") {
+        let fd = kvm.expect("/dev/kvm").as_raw_fd();
+        // SAFETY: KVM_CREATE_VM takes an integer argument; the result (a new
+        // descriptor or an error) is ignored: the filter must stop the call.
+        let _ = unsafe { libc::ioctl(fd, KVM_CREATE_VM as _, 0) };
+        println!("survived KVM_CREATE_VM");
         std::process::exit(3);
     }
     println!("alive");
@@ -36,30 +55,46 @@ fn main() {
     if let Ok(which) = std::env::var(PROBE) {
         probe(&which);
     }
+    assert!(
+        std::path::Path::new("/dev/kvm").exists(),
+        "the seccomp tests open /dev/kvm as lwpvmm does; it is missing on this machine"
+    );
     let me = std::env::current_exe().expect("current exe");
-    // (probe, expected outcome: Ok(exit code) or Err(signal))
-    let cases: [(&str, Result<i32, i32>); 4] = [
-        ("vcpu-allowed", Ok(0)),
-        ("vcpu-denied", Err(libc::SIGSYS)),
-        ("control-allowed", Ok(0)),
-        ("control-denied", Err(libc::SIGSYS)),
+    // (probe, exit code, text on stdout or stderr)
+    let cases: [(&str, i32, &str); 7] = [
+        ("vcpu-allowed", 0, "alive"),
+        (
+            "vcpu-denied",
+            2,
+            "seccomp: thread probe (tid ",
+        ),
+        ("vcpu-denied", 2, &format!("made syscall {}", libc::SYS_socket)),
+        (
+            "vcpu-create-vm",
+            2,
+            "made syscall 16 (ioctl, request 0xae01)",
+        ),
+        ("control-allowed", 0, "alive"),
+        ("control-denied", 2, "--seccomp log"),
+        ("vcpu-denied-log", 3, "survived a denied system call"),
     ];
     let (mut passed, mut failed) = (0, 0);
-    for (which, want) in cases {
+    for (which, code, text) in cases {
         let out = Command::new(&me)
             .env(PROBE, which)
             .output()
             .expect("run probe");
-        let got = match (out.status.code(), out.status.signal()) {
-            (Some(code), _) => Ok(code),
-            (None, Some(sig)) => Err(sig),
-            _ => Err(-1),
-        };
-        let ok = got == want
-            && (want.is_err() || String::from_utf8_lossy(&out.stdout).contains("alive"));
+        let output = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let ok = out.status.code() == Some(code) && output.contains(text);
         println!(
-            "{} {which}: {got:?}, want {want:?}",
-            if ok { "ok" } else { "FAILED" }
+            "{} {which}: {:?}, want {code} and {text:?}; output: {}",
+            if ok { "ok" } else { "FAILED" },
+            out.status,
+            output.trim()
         );
         if ok {
             passed += 1;

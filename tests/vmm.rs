@@ -11,7 +11,8 @@ use std::sync::{Arc, Mutex};
 
 use lwpvmm::lwp::cpuid::{GuestLwpSupport, LwpProfile};
 use lwpvmm::vmm::devices::{GuestEnd, SerialOut};
-use lwpvmm::vmm::vm::{self, RunOutcome, VmConfig};
+use lwpvmm::vmm::seccomp::SeccompMode;
+use lwpvmm::vmm::vm::{self, RunOutcome, VmConfig, VmEnd};
 
 fn require_kvm() {
     assert!(
@@ -66,7 +67,8 @@ fn boot_profiled(
         guest,
         serial: SerialOut::Capture(Arc::clone(&console)),
         snapshots: vm::SnapshotPlan::default(),
-        seccomp: true,
+        seccomp: SeccompMode::On,
+        stop_on_signals: false,
         profiling,
         program: None,
     };
@@ -79,7 +81,7 @@ fn boot_profiled(
 fn passes(name: &str, profile: LwpProfile) -> RunOutcome {
     let (outcome, text) = boot(name, profile, GuestLwpSupport::Shim, "");
     assert!(
-        text.contains(" passed, 0 failed") && outcome.end == GuestEnd::ExitPort(0),
+        text.contains(" passed, 0 failed") && outcome.end == VmEnd::Guest(GuestEnd::ExitPort(0)),
         "guest {name} ({profile}) failed, ended {:?}:\n{text}",
         outcome.end
     );
@@ -104,7 +106,7 @@ fn guest_reads_the_profile_cpuid() {
     ];
     for (profile, guest) in table {
         let (outcome, text) = boot("cpuid", profile, guest, "");
-        assert_eq!(outcome.end, GuestEnd::ExitPort(0), "{text}");
+        assert_eq!(outcome.end, VmEnd::Guest(GuestEnd::ExitPort(0)), "{text}");
         let seen: Vec<[u64; 5]> = text
             .lines()
             .filter_map(|l| l.strip_prefix("cpuid "))
@@ -171,7 +173,7 @@ fn lwp_instructions_are_ud_without_the_profile_or_the_shim() {
         let (outcome, text) = boot("insn", profile, guest, "");
         assert_eq!(
             outcome.end,
-            GuestEnd::ExitPort(0x86),
+            VmEnd::Guest(GuestEnd::ExitPort(0x86)),
             "{profile} {guest:?}:\n{text}"
         );
         assert_eq!(metric(&outcome, "ud_handled"), 0);
@@ -208,7 +210,7 @@ fn threshold_interrupt_once_per_crossing() {
 fn two_vcpus_never_mix_records() {
     let (outcome, text) = boot_with("smp", LwpProfile::Emulated, GuestLwpSupport::Shim, "", 2);
     assert!(
-        outcome.end == GuestEnd::ExitPort(0) && text.contains("7 passed, 0 failed"),
+        outcome.end == VmEnd::Guest(GuestEnd::ExitPort(0)) && text.contains("7 passed, 0 failed"),
         "ended {:?}:\n{text}",
         outcome.end
     );
@@ -261,7 +263,7 @@ fn page_tables_changed_by_another_vcpu_are_rechecked() {
         2,
     );
     assert!(
-        outcome.end == GuestEnd::ExitPort(0) && text.contains("5 passed, 0 failed"),
+        outcome.end == VmEnd::Guest(GuestEnd::ExitPort(0)) && text.contains("5 passed, 0 failed"),
         "ended {:?}:\n{text}",
         outcome.end
     );
@@ -282,7 +284,7 @@ fn sampled_events_stay_in_their_address_space() {
     let profiling = vm::Profiling {
         sample_hz: 1000,
         trace: Some(trace.clone()),
-        metrics: None,
+        ..Default::default()
     };
     let (outcome, text) = boot_profiled(
         "sample_as",
@@ -293,7 +295,7 @@ fn sampled_events_stay_in_their_address_space() {
         profiling,
     );
     assert!(
-        outcome.end == GuestEnd::ExitPort(0) && text.contains("3 passed, 0 failed"),
+        outcome.end == VmEnd::Guest(GuestEnd::ExitPort(0)) && text.contains("3 passed, 0 failed"),
         "{text}"
     );
     let kicks = metric(&outcome, "sampler_kicks");
@@ -302,12 +304,13 @@ fn sampled_events_stay_in_their_address_space() {
         charged > 0 && charged < kicks,
         "samples in the other address space are not charged: {charged} of {kicks}"
     );
-    let (_, records) = lwpvmm::profile::trace::read(&trace, |_| {}).unwrap();
-    let spaces: std::collections::BTreeSet<u64> = records
-        .iter()
-        .filter(|r| r.event == 5)
-        .map(|r| r.cr3)
-        .collect();
+    let mut spaces = std::collections::BTreeSet::new();
+    lwpvmm::profile::trace::for_each_record(&trace, |_| {}, |r| {
+        if r.event == 5 {
+            spaces.insert(r.cr3);
+        }
+    })
+    .unwrap();
     assert_eq!(
         spaces.len(),
         1,

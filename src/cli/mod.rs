@@ -1,19 +1,26 @@
-//! The command line: argument parsing and the commands it dispatches to.
+//! The command line: argument parsing, the commands it dispatches to, the
+//! exit statuses, and errors that name the option to fix.
 
 mod cpuid;
+mod guest;
+mod report;
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
 
 use clap::{Parser, Subcommand, ValueEnum};
 use thiserror::Error;
 
 use crate::lwp::cpuid::{GuestLwpSupport, LwpProfile};
-use crate::profile::report::{self, ReportError, Symbols};
-use crate::profile::trace::{self, TraceError};
+use crate::profile::report::ReportError;
+use crate::profile::trace::TraceError;
 use crate::vmm::devices::{GuestEnd, SerialOut};
-use crate::vmm::vm::{self, Profiling, RestoreConfig, RunOutcome, SnapshotPlan, VmConfig, VmError};
+use crate::vmm::output::{OutputError, OutputKind};
+use crate::vmm::seccomp::SeccompMode;
+use crate::vmm::signals;
+use crate::vmm::vm::{
+    self, Profiling, RestoreConfig, RunOutcome, SnapshotPlan, VmConfig, VmEnd, VmError,
+};
 
 /// lwpvmm: AMD Lightweight Profiling for KVM guests on hosts without LWP.
 #[derive(Debug, Parser)]
@@ -79,8 +86,8 @@ pub struct RunArgs {
     /// Guest RAM in MiB.
     #[arg(long, default_value_t = 128)]
     pub memory: u64,
-    /// Number of vCPUs.
-    #[arg(long, default_value_t = 1)]
+    /// Number of vCPUs (1 to 254, the xAPIC limit).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=254))]
     pub vcpus: u8,
     /// The LWP profile.
     #[arg(long, value_enum, default_value_t = ProfileArg::Emulated)]
@@ -104,8 +111,14 @@ pub struct HostArgs {
     /// lwpvmm receives SIGUSR1.
     #[arg(long)]
     pub metrics: Option<PathBuf>,
-    /// Run without seccomp filters (they are on by default).
-    #[arg(long)]
+    /// The seccomp filters of lwpvmm's threads: `on` (a call outside a
+    /// thread's allowlist stops lwpvmm with a message naming it), `log` (the
+    /// kernel logs such calls and lets them through: to find what a list
+    /// lacks), `off`.
+    #[arg(long, value_enum, default_value_t = SeccompArg::On)]
+    pub seccomp: SeccompArg,
+    /// The same as `--seccomp off`.
+    #[arg(long, conflicts_with = "seccomp")]
     pub no_seccomp: bool,
     /// Sampling kicks per second for the clock events (CNH, RNH); 0 turns
     /// the sampler off.
@@ -115,6 +128,10 @@ pub struct HostArgs {
     /// read it with `lwpvmm report`).
     #[arg(long)]
     pub trace: Option<PathBuf>,
+    /// The trace's size limit (bytes, or with a K, M or G suffix); records
+    /// past it are counted in the metrics, not written.
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    pub trace_max: u64,
     /// Directory for snapshots (state.bin and memory.bin). With it, SIGUSR2
     /// takes a snapshot while the VM runs; the VM continues afterwards.
     #[arg(long)]
@@ -125,11 +142,37 @@ pub struct HostArgs {
     pub snapshot_after: Option<u64>,
 }
 
+/// A size: bytes, or a number with a K, M or G suffix (powers of 1024).
+fn parse_size(text: &str) -> Result<u64, String> {
+    let (digits, shift) = match text.as_bytes().last() {
+        Some(b'K' | b'k') => (&text[..text.len() - 1], 10),
+        Some(b'M' | b'm') => (&text[..text.len() - 1], 20),
+        Some(b'G' | b'g') => (&text[..text.len() - 1], 30),
+        _ => (text, 0),
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(1 << shift))
+        .ok_or_else(|| format!("`{text}` is not a size (give bytes, or e.g. 512M or 2G)"))
+}
+
+impl HostArgs {
+    fn seccomp(&self) -> SeccompMode {
+        if self.no_seccomp {
+            SeccompMode::Off
+        } else {
+            self.seccomp.into()
+        }
+    }
+}
+
 impl From<&HostArgs> for Profiling {
     fn from(a: &HostArgs) -> Self {
         Profiling {
             sample_hz: a.sample_hz,
             trace: a.trace.clone(),
+            trace_max: a.trace_max,
             metrics: a.metrics.clone(),
         }
     }
@@ -241,6 +284,27 @@ impl From<GuestArg> for GuestLwpSupport {
     }
 }
 
+/// `--seccomp` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SeccompArg {
+    /// Filters on; a call outside an allowlist stops lwpvmm, named.
+    On,
+    /// Filters log what they would refuse (kernel audit log) and allow it.
+    Log,
+    /// No filters.
+    Off,
+}
+
+impl From<SeccompArg> for SeccompMode {
+    fn from(a: SeccompArg) -> Self {
+        match a {
+            SeccompArg::On => SeccompMode::On,
+            SeccompArg::Log => SeccompMode::Log,
+            SeccompArg::Off => SeccompMode::Off,
+        }
+    }
+}
+
 /// Why a command failed.
 #[derive(Debug, Error)]
 pub enum CliError {
@@ -260,29 +324,72 @@ pub enum CliError {
         /// Why.
         source: std::io::Error,
     },
+    /// An output named on the command line cannot be written.
+    #[error("{flag} {path}: {source}")]
+    OutputPath {
+        /// The option.
+        flag: &'static str,
+        /// Its path.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
     /// The VM failed.
     #[error(transparent)]
-    Vm(#[from] VmError),
+    Vm(VmError),
     /// The trace could not be read.
     #[error(transparent)]
     Trace(#[from] TraceError),
     /// The report could not be made.
     #[error(transparent)]
     Report(#[from] ReportError),
+    /// `report --event` names no LWP event.
+    #[error(
+        "--event {0} is not an LWP EventId: give 1 (LWPVAL), 2 (instructions retired), 3 (branches retired), 4 (data-cache misses), 5 (CPU clocks), 6 (reference clocks) or 255 (LWPINS)"
+    )]
+    UnknownEvent(u8),
+    /// A flamegraph or folded stacks were asked for, with nothing to draw.
+    #[error(
+        "the trace has no records of {0}: there is no flamegraph or folded stack to write, so nothing was written (choose another --event)"
+    )]
+    NothingToDraw(String),
+    /// The run went on, but something it was asked to do failed.
+    #[error("{}", .0.join("; "))]
+    Incomplete(Vec<String>),
+}
+
+impl From<VmError> for CliError {
+    fn from(e: VmError) -> Self {
+        match e {
+            VmError::Output(OutputError { kind, path, source }) => CliError::OutputPath {
+                flag: match kind {
+                    OutputKind::Serial => "--serial",
+                    OutputKind::Metrics => "--metrics",
+                    OutputKind::Trace => "--trace",
+                    OutputKind::SnapshotDir => "--snapshot-dir",
+                },
+                path,
+                source,
+            },
+            e => CliError::Vm(e),
+        }
+    }
 }
 
 /// Exit status of `lwpvmm run` when the guest asked for a reboot (lwpvmm
 /// does not restart guests; a kernel that panics with `panic=-1` ends here).
 pub const REBOOT_STATUS: u8 = 4;
 
-/// Exit status of `lwpvmm run` for how the guest ended: `(value << 1) | 1`
+/// Exit status of `lwpvmm run` for how the VM ended: `(value << 1) | 1`
 /// for a write of `value` to port 0xf4, exactly as QEMU's isa-debug-exit;
-/// 0 for a power-off; [`REBOOT_STATUS`] for a reboot.
-pub fn exit_status(end: GuestEnd) -> u8 {
+/// 0 for a power-off; [`REBOOT_STATUS`] for a reboot; 128 + N when signal
+/// N stopped it, as a shell reports a process a signal ended.
+pub fn exit_status(end: VmEnd) -> u8 {
     match end {
-        GuestEnd::ExitPort(value) => (value << 1) | 1,
-        GuestEnd::PowerOff => 0,
-        GuestEnd::Reboot => REBOOT_STATUS,
+        VmEnd::Guest(GuestEnd::ExitPort(value)) => (value << 1) | 1,
+        VmEnd::Guest(GuestEnd::PowerOff) => 0,
+        VmEnd::Guest(GuestEnd::Reboot) => REBOOT_STATUS,
+        VmEnd::Signal(signal) => 128u8.saturating_add(u8::try_from(signal).unwrap_or(0)),
     }
 }
 
@@ -298,7 +405,6 @@ fn read(what: &'static str, path: &PathBuf) -> Result<Vec<u8>, CliError> {
 pub fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
     match cli.command {
         Command::Run(args) => {
-            let serial = serial_out(&args.host.serial);
             let config = VmConfig {
                 kernel: read("kernel", &args.kernel)?,
                 initramfs: args
@@ -311,14 +417,14 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
                 vcpus: args.vcpus,
                 profile: args.lwp.into(),
                 guest: args.guest.into(),
-                serial,
+                serial: serial_out(&args.host.serial),
                 snapshots: (&args.host).into(),
-                seccomp: !args.host.no_seccomp,
+                seccomp: args.host.seccomp(),
+                stop_on_signals: true,
                 profiling: (&args.host).into(),
                 program: None,
             };
-            let outcome = vm::run(&config)?;
-            finish(&outcome, args.host.metrics.as_ref())
+            finish(vm::run(&config)?)
         }
         Command::Restore(args) => {
             let config = RestoreConfig {
@@ -326,117 +432,20 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
                 serial: serial_out(&args.host.serial),
                 profile: args.lwp.map(Into::into),
                 snapshots: (&args.host).into(),
-                seccomp: !args.host.no_seccomp,
+                seccomp: args.host.seccomp(),
+                stop_on_signals: true,
                 profiling: (&args.host).into(),
             };
-            let outcome = vm::restore(&config)?;
-            finish(&outcome, args.host.metrics.as_ref())
+            finish(vm::restore(&config)?)
         }
-        Command::Report(args) => report(out, &args),
-        Command::Profile(args) => profile(out, &args),
-        Command::Demo { lwp } => demo(out, lwp.into()),
+        Command::Report(args) => report::report(out, &args),
+        Command::Profile(args) => guest::profile(out, &args),
+        Command::Demo { lwp } => guest::demo(out, lwp.into()),
         Command::Cpuid { lwp, guest, json } => {
             cpuid::print(out, lwp.into(), guest.into(), json)?;
             Ok(0)
         }
     }
-}
-
-fn report(out: &mut dyn Write, args: &ReportArgs) -> Result<u8, CliError> {
-    use std::io::IsTerminal;
-    let terminal = std::io::stderr().is_terminal();
-    let (header, records) = trace::read(&args.trace, |n| {
-        if terminal {
-            eprint!("\rreading {}: {n} records", args.trace.display());
-        }
-    })?;
-    if terminal && records.len() >= 100_000 {
-        eprintln!();
-    }
-    let symbols = match &args.symbols {
-        Some(path) => Some(Symbols::from_elf(&read("symbol file", path)?)?),
-        None => None,
-    };
-    let event = args.event.or_else(|| report::default_event(&records));
-    let rows = report::aggregate(&records, symbols.as_ref(), event);
-    writeln!(
-        out,
-        "# trace {} (profile `{}`, sampler {} Hz)",
-        args.trace.display(),
-        header.profile,
-        header.sample_hz
-    )?;
-    report::print_table(out, &rows, event, args.top)?;
-    let folded = report::folded(&rows);
-    if let Some(path) = &args.folded {
-        std::fs::write(path, folded.join("\n") + "\n")?;
-    }
-    if let Some(path) = &args.svg {
-        let title = format!("lwpvmm: {}", args.trace.display());
-        report::flamegraph(&folded, &title, std::fs::File::create(path)?)?;
-    }
-    Ok(0)
-}
-
-/// Prints the report of a trace, named with `elf`'s symbols.
-fn trace_report(
-    out: &mut dyn Write,
-    trace_file: &std::path::Path,
-    elf: &[u8],
-    top: usize,
-) -> Result<(), CliError> {
-    let (_, records) = trace::read(trace_file, |_| {})?;
-    let symbols = Symbols::from_elf(elf).ok();
-    let event = report::default_event(&records);
-    let rows = report::aggregate(&records, symbols.as_ref(), event);
-    report::print_table(out, &rows, event, top)?;
-    Ok(())
-}
-
-fn profile(out: &mut dyn Write, args: &ProfileArgs) -> Result<u8, CliError> {
-    let program = read("program", &args.program)?;
-    let trace_file =
-        std::env::temp_dir().join(format!("lwpvmm-profile-{}.trace", std::process::id()));
-    let config = VmConfig {
-        kernel: crate::guests::get("profile_host")
-            .unwrap_or_default()
-            .to_vec(),
-        initramfs: None,
-        cmdline: String::new(),
-        memory_mib: args.memory,
-        vcpus: 1,
-        profile: args.lwp.into(),
-        guest: GuestLwpSupport::Shim,
-        serial: SerialOut::Stdout,
-        snapshots: SnapshotPlan::default(),
-        seccomp: true,
-        profiling: Profiling {
-            sample_hz: args.sample_hz,
-            trace: Some(trace_file.clone()),
-            metrics: None,
-        },
-        program: Some(program.clone()),
-    };
-    let outcome = vm::run(&config);
-    let result = outcome.and_then(|o| {
-        writeln!(
-            out,
-            "--- lwpvmm profile: {} (LWP profile `{}`, {} Hz)",
-            args.program.display(),
-            config.profile,
-            args.sample_hz
-        )
-        .map_err(|e| VmError::Io("output", e))?;
-        Ok(o)
-    });
-    let report = trace_report(out, &trace_file, &program, args.top);
-    let _ = std::fs::remove_file(&trace_file);
-    let outcome = result?;
-    report?;
-    Ok(match outcome.end {
-        GuestEnd::ExitPort(0) => 0,
-        end => exit_status(end),
-    })
 }
 
 fn serial_out(arg: &str) -> SerialOut {
@@ -446,98 +455,17 @@ fn serial_out(arg: &str) -> SerialOut {
     }
 }
 
-fn finish(outcome: &RunOutcome, metrics: Option<&PathBuf>) -> Result<u8, CliError> {
-    if let Some(path) = metrics {
-        std::fs::write(path, serde_json::to_vec_pretty(&summary(outcome))?)?;
+/// The exit status of a finished run: a signal's stop is said in one line;
+/// a requested snapshot or metrics write that failed fails the command.
+fn finish(outcome: RunOutcome) -> Result<u8, CliError> {
+    if let VmEnd::Signal(signal) = outcome.end {
+        eprintln!(
+            "lwpvmm: {} received: the VM was stopped; console, trace and metrics are written",
+            signals::name(signal)
+        );
+    }
+    if !outcome.errors.is_empty() {
+        return Err(CliError::Incomplete(outcome.errors));
     }
     Ok(exit_status(outcome.end))
-}
-
-fn summary(outcome: &RunOutcome) -> serde_json::Value {
-    let lwp: Vec<serde_json::Value> = outcome
-        .lwp
-        .iter()
-        .map(|s| {
-            serde_json::json!({
-                "records_stored": s.records_stored,
-                "records_missed": s.records_missed,
-                "store_faults": s.store_faults,
-                "flush_faults": s.flush_faults,
-                "interrupts_due": s.interrupts_due,
-                "interrupts_suppressed": s.interrupts_suppressed,
-            })
-        })
-        .collect();
-    serde_json::json!({
-        "end": end_json(outcome.end),
-        "vm": outcome.metrics,
-        "lwp_units": lwp,
-    })
-}
-
-fn end_json(end: GuestEnd) -> serde_json::Value {
-    match end {
-        GuestEnd::ExitPort(value) => serde_json::json!({ "exit_port": value }),
-        GuestEnd::PowerOff => serde_json::json!("power_off"),
-        GuestEnd::Reboot => serde_json::json!("reboot"),
-    }
-}
-
-fn demo(out: &mut dyn Write, profile: LwpProfile) -> Result<u8, CliError> {
-    let kernel = crate::guests::get("demo").unwrap_or_default().to_vec();
-    let console = Arc::new(Mutex::new(Vec::new()));
-    let trace_file = std::env::temp_dir().join(format!("lwpvmm-demo-{}.trace", std::process::id()));
-    let config = VmConfig {
-        kernel,
-        initramfs: None,
-        cmdline: String::new(),
-        memory_mib: 64,
-        vcpus: 1,
-        profile,
-        guest: GuestLwpSupport::Shim,
-        serial: SerialOut::Capture(Arc::clone(&console)),
-        snapshots: SnapshotPlan::default(),
-        seccomp: true,
-        profiling: Profiling {
-            sample_hz: 1000,
-            trace: Some(trace_file.clone()),
-            metrics: None,
-        },
-        program: None,
-    };
-    let started = std::time::Instant::now();
-    let outcome = vm::run(&config)?;
-    let elapsed = started.elapsed();
-    let text = console.lock().map(|c| c.clone()).unwrap_or_default();
-    out.write_all(&text)?;
-    let m = &outcome.metrics;
-    let stats = outcome.lwp.first().copied().unwrap_or_default();
-    writeln!(out, "---")?;
-    writeln!(
-        out,
-        "lwpvmm demo: guest ended ({:?}) after {:.1} ms (LWP profile `{profile}`)",
-        outcome.end,
-        elapsed.as_secs_f64() * 1e3
-    )?;
-    writeln!(
-        out,
-        "  LWP instructions emulated through the #UD doorbell: {} (llwpcb {}, slwpcb {}, lwpins {}, lwpval {})",
-        m["ud_handled"], m["llwpcb"], m["slwpcb"], m["lwpins"], m["lwpval"]
-    )?;
-    writeln!(
-        out,
-        "  records stored into the guest's ring: {}, missed: {}, LWP MSR exits: {}",
-        stats.records_stored, stats.records_missed, m["exits_msr"]
-    )?;
-    writeln!(
-        out,
-        "  sampler kicks: {}, samples charged to CNH/RNH: {}",
-        m["sampler_kicks"], m["samples_charged"]
-    )?;
-    writeln!(out, "host-side report from the trace (lwpvmm report):")?;
-    trace_report(out, &trace_file, &config.kernel, 5)?;
-    let _ = std::fs::remove_file(&trace_file);
-    let ok = outcome.end == GuestEnd::ExitPort(0);
-    writeln!(out, "  result: {}", if ok { "success" } else { "FAILURE" })?;
-    Ok(if ok { 0 } else { 1 })
 }

@@ -34,7 +34,7 @@ pub const FIRST_INTERRUPT_VECTOR: u8 = 32;
 /// Counters the VMM turns into metrics. Every event the unit generates ends
 /// either stored or missed: `records_stored + records_missed` is the number
 /// of records generated.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct UnitStats {
     /// Records written into the ring.
     pub records_stored: u64,

@@ -81,42 +81,78 @@ pub struct Row {
     pub share: f64,
 }
 
-/// The EventId a report counts: CNH (5) when the trace has it, else RNH
-/// (6), else every record.
-pub fn default_event(records: &[TraceRecord]) -> Option<u8> {
-    [EventId::Cnh as u8, EventId::Rnh as u8]
-        .into_iter()
-        .find(|e| records.iter().any(|r| r.event == *e))
+/// Records counted per EventId and instruction address as a trace streams
+/// by: what a report needs, in memory that grows with the number of distinct
+/// addresses, not with the trace.
+#[derive(Debug, Default)]
+pub struct Tally {
+    counts: BTreeMap<u8, BTreeMap<u64, u64>>,
 }
 
-/// Records of `event` (or all) per function, most first; ties by name.
-pub fn aggregate(
-    records: &[TraceRecord],
-    symbols: Option<&Symbols>,
-    event: Option<u8>,
-) -> Vec<Row> {
-    let mut counts: BTreeMap<String, u64> = BTreeMap::new();
-    let mut total = 0u64;
-    for r in records
-        .iter()
-        .filter(|r| event.is_none_or(|e| r.event == e))
-    {
-        let name = symbols
-            .and_then(|s| s.lookup(r.ip))
-            .map_or_else(|| format!("{:#x}", r.ip), str::to_owned);
-        *counts.entry(name).or_default() += 1;
-        total += 1;
+impl Tally {
+    /// Counts one record.
+    pub fn add(&mut self, record: &TraceRecord) {
+        *self
+            .counts
+            .entry(record.event)
+            .or_default()
+            .entry(record.ip)
+            .or_default() += 1;
     }
-    let mut rows: Vec<Row> = counts
-        .into_iter()
-        .map(|(name, samples)| Row {
-            name,
-            samples,
-            share: 100.0 * samples as f64 / total.max(1) as f64,
-        })
-        .collect();
-    rows.sort_by(|a, b| b.samples.cmp(&a.samples).then_with(|| a.name.cmp(&b.name)));
-    rows
+
+    /// The EventId a report counts by default: CNH (5) when the trace has
+    /// it, else RNH (6), else every record.
+    pub fn default_event(&self) -> Option<u8> {
+        [EventId::Cnh as u8, EventId::Rnh as u8]
+            .into_iter()
+            .find(|e| self.counts.contains_key(e))
+    }
+
+    /// Records of `event` (or all) per function, most first; ties by name.
+    pub fn rows(&self, symbols: Option<&Symbols>, event: Option<u8>) -> Vec<Row> {
+        let mut counts: BTreeMap<String, u64> = BTreeMap::new();
+        let mut total = 0u64;
+        for (_, by_ip) in self
+            .counts
+            .iter()
+            .filter(|(e, _)| event.is_none_or(|want| **e == want))
+        {
+            for (&ip, &n) in by_ip {
+                let name = symbols
+                    .and_then(|s| s.lookup(ip))
+                    .map_or_else(|| format!("{ip:#x}"), str::to_owned);
+                *counts.entry(name).or_default() += n;
+                total += n;
+            }
+        }
+        let mut rows: Vec<Row> = counts
+            .into_iter()
+            .map(|(name, samples)| Row {
+                name,
+                samples,
+                share: 100.0 * samples as f64 / total.max(1) as f64,
+            })
+            .collect();
+        rows.sort_by(|a, b| b.samples.cmp(&a.samples).then_with(|| a.name.cmp(&b.name)));
+        rows
+    }
+}
+
+/// What a report counts, in words.
+pub fn event_name(event: Option<u8>) -> String {
+    match event.map(|e| (e, EventId::from_u8(e))) {
+        Some((e, Some(EventId::Val))) => format!("EventId {e} (LWPVAL samples)"),
+        Some((e, Some(EventId::Ire))) => format!("EventId {e} (instructions retired)"),
+        Some((e, Some(EventId::Bre))) => format!("EventId {e} (branches retired)"),
+        Some((e, Some(EventId::Dme))) => format!("EventId {e} (data-cache misses)"),
+        Some((e, Some(EventId::Cnh))) => format!("EventId {e} (CPU clocks not halted, sampled)"),
+        Some((e, Some(EventId::Rnh))) => {
+            format!("EventId {e} (reference clocks not halted, sampled)")
+        }
+        Some((e, Some(EventId::Ins))) => format!("EventId {e} (LWPINS events)"),
+        Some((e, None)) => format!("EventId {e}"),
+        None => "every EventId".to_owned(),
+    }
 }
 
 /// Prints the table.
@@ -127,13 +163,7 @@ pub fn print_table(
     limit: usize,
 ) -> io::Result<()> {
     let total: u64 = rows.iter().map(|r| r.samples).sum();
-    let what = match event {
-        Some(5) => "EventId 5 (CPU clocks not halted, sampled)".to_owned(),
-        Some(6) => "EventId 6 (reference clocks not halted, sampled)".to_owned(),
-        Some(e) => format!("EventId {e}"),
-        None => "every EventId".to_owned(),
-    };
-    writeln!(out, "# {total} records of {what}")?;
+    writeln!(out, "# {total} records of {}", event_name(event))?;
     writeln!(out, "{:>10} {:>8}  function", "samples", "share")?;
     for r in rows.iter().take(limit) {
         writeln!(out, "{:>10} {:>7.2}%  {}", r.samples, r.share, r.name)?;
@@ -191,21 +221,24 @@ mod tests {
     }
 
     #[test]
-    fn aggregate_counts_and_orders() {
-        let records = [
+    fn tally_counts_and_orders() {
+        let mut tally = Tally::default();
+        for r in [
             rec(5, 0x10),
             rec(5, 0x10),
             rec(5, 0x20),
             rec(255, 0x30),
             rec(5, 0x10),
-        ];
-        assert_eq!(default_event(&records), Some(5));
-        let rows = aggregate(&records, None, Some(5));
+        ] {
+            tally.add(&r);
+        }
+        assert_eq!(tally.default_event(), Some(5));
+        let rows = tally.rows(None, Some(5));
         assert_eq!(rows.len(), 2);
         assert_eq!((rows[0].name.as_str(), rows[0].samples), ("0x10", 3));
         assert!((rows[0].share - 75.0).abs() < 1e-9);
         assert_eq!(folded(&rows), vec!["0x10 3", "0x20 1"]);
-        assert_eq!(aggregate(&records, None, None).len(), 3);
+        assert_eq!(tally.rows(None, None).len(), 3);
         let mut svg = Vec::new();
         flamegraph(&folded(&rows), "t", &mut svg).unwrap();
         assert!(String::from_utf8(svg).unwrap().contains("<svg"));

@@ -5,6 +5,8 @@
 //! people with standard tools (`jq`, `grep`) as often as by `lwpvmm report`,
 //! and versioned by its first line: `{"lwpvmm_trace":1,...}`. A binary format
 //! would be smaller; a profile of a few seconds is a few MiB either way.
+//! A trace is capped in size (the writer's limit), and read line by line, so
+//! that neither writing nor reading one grows without bound.
 
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, BufWriter, Write};
@@ -15,8 +17,9 @@ use thiserror::Error;
 
 use crate::lwp::record::EventRecord;
 
-/// The trace format version.
-pub const TRACE_VERSION: u32 = 1;
+/// The trace format version: 2 added the line that ends a trace at its
+/// size limit.
+pub const TRACE_VERSION: u32 = 2;
 
 /// The first line of a trace.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -92,27 +95,70 @@ pub enum TraceError {
     },
 }
 
-/// Writes a trace.
+/// The line that ends a trace whose size limit was reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LimitReached {
+    /// The limit, in bytes of records.
+    pub max_bytes: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct LimitLine {
+    limit_reached: LimitReached,
+}
+
+/// Writes a trace, up to a size limit.
 pub struct TraceWriter {
     out: BufWriter<File>,
+    written: u64,
+    max: u64,
+    full: bool,
+    line: Vec<u8>,
 }
 
 impl TraceWriter {
-    /// Creates the trace file and writes its header.
-    pub fn create(path: &Path, header: &TraceHeader) -> io::Result<Self> {
+    /// Creates the trace file and writes its header. Record lines stop once
+    /// they would take more than `max_bytes`; a last line then says so.
+    pub fn create(path: &Path, header: &TraceHeader, max_bytes: u64) -> io::Result<Self> {
         let mut out = BufWriter::new(File::create(path)?);
         serde_json::to_writer(&mut out, header)?;
         out.write_all(b"\n")?;
-        Ok(TraceWriter { out })
+        Ok(TraceWriter {
+            out,
+            written: 0,
+            max: max_bytes,
+            full: false,
+            line: Vec::new(),
+        })
     }
 
-    /// Appends records.
-    pub fn append(&mut self, records: &[TraceRecord]) -> io::Result<()> {
-        for r in records {
-            serde_json::to_writer(&mut self.out, r)?;
-            self.out.write_all(b"\n")?;
+    /// Appends records; returns how many were dropped because the limit is
+    /// reached.
+    pub fn append(&mut self, records: &[TraceRecord]) -> io::Result<u64> {
+        for (i, r) in records.iter().enumerate() {
+            if self.full {
+                return Ok((records.len() - i) as u64);
+            }
+            self.line.clear();
+            serde_json::to_writer(&mut self.line, r)?;
+            self.line.push(b'\n');
+            let len = self.line.len() as u64;
+            if self.written + len > self.max {
+                self.full = true;
+                let limit = LimitLine {
+                    limit_reached: LimitReached {
+                        max_bytes: self.max,
+                    },
+                };
+                serde_json::to_writer(&mut self.out, &limit)?;
+                self.out.write_all(b"\n")?;
+                self.out.flush()?;
+                return Ok((records.len() - i) as u64);
+            }
+            self.out.write_all(&self.line)?;
+            self.written += len;
         }
-        Ok(())
+        Ok(0)
     }
 
     /// Flushes what is buffered.
@@ -121,11 +167,30 @@ impl TraceWriter {
     }
 }
 
-/// Reads a whole trace; `progress` is called every 100 000 lines.
-pub fn read(
+/// What reading a whole trace found besides its records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceSummary {
+    /// The header.
+    pub header: TraceHeader,
+    /// Records read.
+    pub records: u64,
+    /// The writer's size limit, when the trace ends because it was reached.
+    pub limit: Option<LimitReached>,
+    /// The line number of a last line cut short (a run that was killed
+    /// while writing); the lines before it were read.
+    pub cut_line: Option<usize>,
+}
+
+/// Trace format versions this lwpvmm reads: version 1 had no limit line.
+const READABLE_VERSIONS: [u32; 2] = [1, TRACE_VERSION];
+
+/// Reads a trace line by line, handing each record to `f`, without holding
+/// more than one line; `progress` is called every 100 000 lines.
+pub fn for_each_record(
     path: &Path,
     mut progress: impl FnMut(usize),
-) -> Result<(TraceHeader, Vec<TraceRecord>), TraceError> {
+    mut f: impl FnMut(&TraceRecord),
+) -> Result<TraceSummary, TraceError> {
     let io_err = |source| TraceError::Io {
         path: path.to_owned(),
         source,
@@ -135,34 +200,62 @@ pub fn read(
         line,
         reason,
     };
-    let mut lines = BufReader::new(File::open(path).map_err(io_err)?).lines();
-    let first = lines
-        .next()
-        .ok_or_else(|| format(1, "empty file: not an lwpvmm trace".into()))?
-        .map_err(io_err)?;
-    let header: TraceHeader = serde_json::from_str(&first)
+    let mut input = BufReader::new(File::open(path).map_err(io_err)?);
+    let mut text = String::new();
+    if input.read_line(&mut text).map_err(io_err)? == 0 {
+        return Err(format(1, "empty file: not an lwpvmm trace".into()));
+    }
+    let header: TraceHeader = serde_json::from_str(text.trim_end())
         .map_err(|e| format(1, format!("not an lwpvmm trace header: {e}")))?;
-    if header.lwpvmm_trace != TRACE_VERSION {
+    if !READABLE_VERSIONS.contains(&header.lwpvmm_trace) {
         return Err(format(
             1,
             format!(
-                "trace format version {} (this lwpvmm reads {TRACE_VERSION})",
+                "trace format version {} (this lwpvmm reads versions 1 to {TRACE_VERSION})",
                 header.lwpvmm_trace
             ),
         ));
     }
-    let mut records = Vec::new();
-    for (i, line) in lines.enumerate() {
-        let line = line.map_err(io_err)?;
+    let mut summary = TraceSummary {
+        header,
+        records: 0,
+        limit: None,
+        cut_line: None,
+    };
+    let mut number = 1;
+    loop {
+        text.clear();
+        if input.read_line(&mut text).map_err(io_err)? == 0 {
+            return Ok(summary);
+        }
+        number += 1;
+        let line = text.trim_end();
         if line.is_empty() {
             continue;
         }
-        records.push(serde_json::from_str(&line).map_err(|e| format(i + 2, e.to_string()))?);
-        if (i + 1) % 100_000 == 0 {
-            progress(i + 1);
+        if summary.limit.is_some() {
+            return Err(format(number, "a line after the limit line".into()));
+        }
+        match serde_json::from_str::<TraceRecord>(line) {
+            Ok(record) => {
+                f(&record);
+                summary.records += 1;
+            }
+            Err(e) => {
+                if let Ok(limit) = serde_json::from_str::<LimitLine>(line) {
+                    summary.limit = Some(limit.limit_reached);
+                } else if !text.ends_with('\n') {
+                    summary.cut_line = Some(number);
+                    return Ok(summary);
+                } else {
+                    return Err(format(number, e.to_string()));
+                }
+            }
+        }
+        if (number - 1) % 100_000 == 0 {
+            progress(number - 1);
         }
     }
-    Ok((header, records))
 }
 
 #[cfg(test)]
@@ -170,30 +263,77 @@ mod tests {
     use super::*;
     use crate::lwp::record::{EventId, EventRecord};
 
-    #[test]
-    fn write_and_read_back() {
-        let path = std::env::temp_dir().join(format!("lwpvmm-trace-test-{}", std::process::id()));
-        let header = TraceHeader {
+    fn temp(name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("lwpvmm-trace-{name}-{}", std::process::id()))
+    }
+
+    fn header() -> TraceHeader {
+        TraceHeader {
             lwpvmm_trace: TRACE_VERSION,
             profile: "emulated".into(),
             sample_hz: 1000,
-        };
-        let mut w = TraceWriter::create(&path, &header).unwrap();
+        }
+    }
+
+    fn read_all(path: &Path) -> Result<(TraceSummary, Vec<TraceRecord>), TraceError> {
+        let mut records = Vec::new();
+        let summary = for_each_record(path, |_| {}, |r| records.push(*r))?;
+        Ok((summary, records))
+    }
+
+    #[test]
+    fn write_and_read_back() {
+        let path = temp("rw");
+        let mut w = TraceWriter::create(&path, &header(), u64::MAX).unwrap();
         let rec = EventRecord::hardware(EventId::Cnh, 2, 0x40_1000, 77);
-        w.append(&[TraceRecord::new(1, 0x9000, &rec)]).unwrap();
+        assert_eq!(w.append(&[TraceRecord::new(1, 0x9000, &rec)]).unwrap(), 0);
         w.flush().unwrap();
-        let (h, records) = read(&path, |_| {}).unwrap();
-        assert_eq!(h, header);
+        let (summary, records) = read_all(&path).unwrap();
+        assert_eq!(summary.header, header());
+        assert_eq!((summary.limit, summary.cut_line), (None, None));
         assert_eq!(records, vec![TraceRecord::new(1, 0x9000, &rec)]);
-        std::fs::write(
-            &path,
-            "{\"lwpvmm_trace\":9,\"profile\":\"x\",\"sample_hz\":0}\n",
-        )
-        .unwrap();
-        let err = read(&path, |_| {}).unwrap_err().to_string();
-        assert!(err.contains("version 9"), "{err}");
-        std::fs::write(&path, "hello\n").unwrap();
-        assert!(read(&path, |_| {}).is_err());
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn the_limit_stops_the_records_and_says_so() {
+        let path = temp("limit");
+        let rec = TraceRecord::new(0, 0, &EventRecord::hardware(EventId::Cnh, 1, 0x40_1000, 7));
+        let line = serde_json::to_vec(&rec).unwrap().len() as u64 + 1;
+        let mut w = TraceWriter::create(&path, &header(), 3 * line + 1).unwrap();
+        assert_eq!(w.append(&[rec; 5]).unwrap(), 2, "3 fit");
+        assert_eq!(w.append(&[rec; 2]).unwrap(), 2);
+        w.flush().unwrap();
+        let (summary, records) = read_all(&path).unwrap();
+        assert_eq!(records.len(), 3);
+        assert_eq!(summary.limit, Some(LimitReached { max_bytes: 3 * line + 1 }));
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn bad_traces() {
+        let path = temp("bad");
+        let good = r#"{"vcpu":0,"cr3":1,"event":5,"core":0,"flags":0,"data1":0,"data2":0,"ip":2,"timestamp":3}"#;
+        let v1 = r#"{"lwpvmm_trace":1,"profile":"emulated","sample_hz":0}"#;
+        // (content, Ok((records, cut line)) or Err(text in the error))
+        let table: [(String, Result<(usize, Option<usize>), &str>); 6] = [
+            (format!("{v1}\n{good}\n"), Ok((1, None))),
+            (format!("{v1}\n{good}\n{}", &good[..30]), Ok((1, Some(3)))),
+            (format!("{v1}\n{}\n{good}\n", &good[..30]), Err(":2:")),
+            (r#"{"lwpvmm_trace":9,"profile":"x","sample_hz":0}"#.to_owned(), Err("version 9")),
+            ("hello\n".to_owned(), Err("not an lwpvmm trace")),
+            (String::new(), Err("empty file")),
+        ];
+        for (content, want) in table {
+            std::fs::write(&path, &content).unwrap();
+            match (read_all(&path), want) {
+                (Ok((summary, records)), Ok((n, cut))) => {
+                    assert_eq!((records.len(), summary.cut_line), (n, cut), "{content}")
+                }
+                (Err(e), Err(text)) => assert!(e.to_string().contains(text), "{e}"),
+                (got, want) => panic!("{content}: got {got:?}, want {want:?}"),
+            }
+        }
         std::fs::remove_file(path).unwrap();
     }
 }

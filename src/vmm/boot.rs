@@ -108,6 +108,27 @@ pub enum BootError {
         "the program ends at {0:#x}, past 1 GiB: link it lower (resources/examples/program.ld)"
     )]
     ProgramPlacement(u64),
+    /// A program linked at addresses other than where it loads (a kernel,
+    /// or a program linked for an operating system).
+    #[error(
+        "the program's segment at virtual {vaddr:#x} loads at physical {paddr:#x}: the guest runtime maps programs where they load, between 16 MiB and 1 GiB, so link it there (resources/examples/program.ld); a kernel is booted with `lwpvmm run --kernel`"
+    )]
+    ProgramLinkage {
+        /// The segment's virtual address.
+        vaddr: u64,
+        /// Its physical (load) address.
+        paddr: u64,
+    },
+    /// The image file is shorter than its own headers say.
+    #[error(
+        "the kernel file is truncated: it has {size} bytes, its headers need {needed} (was it copied completely?)"
+    )]
+    Truncated {
+        /// Bytes the headers describe.
+        needed: u64,
+        /// Bytes the file has.
+        size: u64,
+    },
 }
 
 /// How the boot vCPU enters the kernel.
@@ -148,8 +169,54 @@ pub struct LoadedKernel {
     setup_header: Option<linux_loader::loader::bootparam::setup_header>,
 }
 
+/// Bytes an ELF's program headers and loadable segments need, when the
+/// image is an ELF64 (`None` otherwise: another loader will say why).
+fn elf_needs(image: &[u8]) -> Option<u64> {
+    use object::read::elf::{FileHeader, ProgramHeader};
+    let header = object::elf::FileHeader64::<object::Endianness>::parse(image).ok()?;
+    let endian = header.endian().ok()?;
+    let phdrs_end = header
+        .e_phoff(endian)
+        .checked_add(u64::from(header.e_phnum(endian)) * u64::from(header.e_phentsize(endian)))?;
+    let segments = header.program_headers(endian, image).ok();
+    let data_end = segments
+        .into_iter()
+        .flatten()
+        .filter(|p| p.p_type(endian) == object::elf::PT_LOAD)
+        .map(|p| p.p_offset(endian).saturating_add(p.p_filesz(endian)))
+        .max()
+        .unwrap_or(0);
+    Some(phdrs_end.max(data_end))
+}
+
+/// Bytes a bzImage's setup header says the image has (setup sectors plus
+/// the protected-mode part), when the image carries the header.
+fn bzimage_needs(image: &[u8]) -> Option<u64> {
+    let header = image.get(0x1f1..0x206)?;
+    if u32::from_le_bytes(header[0x11..0x15].try_into().ok()?) != KERNEL_HDR_MAGIC {
+        return None;
+    }
+    let setup_sects = match header[0] {
+        0 => 4,
+        n => u64::from(n),
+    };
+    let syssize = u64::from(u32::from_le_bytes(header[3..7].try_into().ok()?));
+    Some((setup_sects + 1) * 512 + syssize * 16)
+}
+
+/// Refuses an image shorter than its headers say, before a loader blames
+/// something else for the short read.
+fn check_complete(image: &[u8]) -> Result<(), BootError> {
+    let size = image.len() as u64;
+    match elf_needs(image).or_else(|| bzimage_needs(image)) {
+        Some(needed) if needed > size => Err(BootError::Truncated { needed, size }),
+        _ => Ok(()),
+    }
+}
+
 /// Loads `image` (ELF first, bzImage when it is not an ELF).
 pub fn load_kernel(mem: &GuestMemory, image: &[u8]) -> Result<LoadedKernel, BootError> {
+    check_complete(image)?;
     let start = Some(GuestAddress(KERNEL_START));
     let elf = match Elf::load(mem, None, &mut Cursor::new(image), start) {
         Ok(r) => {
@@ -188,6 +255,7 @@ pub const PROGRAM_END: u64 = 0x4000_0000;
 /// Loads a user's freestanding program (an x86-64 ELF linked between 16 MiB
 /// and 1 GiB) for the profile host guest; returns its entry point.
 pub fn load_program(mem: &GuestMemory, image: &[u8]) -> Result<u64, BootError> {
+    check_linkage(image)?;
     let r = Elf::load(
         mem,
         None,
@@ -199,6 +267,29 @@ pub fn load_program(mem: &GuestMemory, image: &[u8]) -> Result<u64, BootError> {
         return Err(BootError::ProgramPlacement(r.kernel_end));
     }
     Ok(r.kernel_load.raw_value())
+}
+
+/// Refuses a program whose loadable segments are linked at other virtual
+/// addresses than where they load: the runtime's identity map would run it
+/// at the wrong place.
+fn check_linkage(image: &[u8]) -> Result<(), BootError> {
+    use object::read::elf::{FileHeader, ProgramHeader};
+    let Ok(header) = object::elf::FileHeader64::<object::Endianness>::parse(image) else {
+        return Ok(());
+    };
+    let Ok(endian) = header.endian() else {
+        return Ok(());
+    };
+    let segments = header.program_headers(endian, image).unwrap_or(&[]);
+    match segments
+        .iter()
+        .filter(|p| p.p_type(endian) == object::elf::PT_LOAD)
+        .map(|p| (p.p_vaddr(endian), p.p_paddr(endian)))
+        .find(|(v, p)| v != p)
+    {
+        Some((vaddr, paddr)) => Err(BootError::ProgramLinkage { vaddr, paddr }),
+        None => Ok(()),
+    }
 }
 
 /// Writes the command line, the initramfs and the boot information the
@@ -543,6 +634,56 @@ mod tests {
         let low = load_program(&mem, crate::guests::get("minimal").unwrap()).unwrap_err();
         assert!(matches!(low, BootError::Program(_)), "{low}");
         assert!(low.to_string().contains("16 MiB"));
+    }
+
+    /// Offsets of each PT_LOAD program header in an ELF64.
+    fn load_headers(elf: &[u8]) -> Vec<usize> {
+        let phoff = u64::from_le_bytes(elf[0x20..0x28].try_into().unwrap()) as usize;
+        let phentsize = usize::from(u16::from_le_bytes([elf[0x36], elf[0x37]]));
+        let phnum = usize::from(u16::from_le_bytes([elf[0x38], elf[0x39]]));
+        (0..phnum)
+            .map(|i| phoff + i * phentsize)
+            .filter(|&at| elf[at..at + 4] == 1u32.to_le_bytes())
+            .collect()
+    }
+
+    #[test]
+    fn truncated_images_are_called_truncated() {
+        let elf = crate::guests::get("minimal").unwrap().to_vec();
+        let mut bz = synthetic_bzimage();
+        bz[0x1F4..0x1F8].copy_from_slice(&(4096u32 / 16).to_le_bytes());
+        // (image, refused as truncated)
+        let table: [(Vec<u8>, bool); 5] = [
+            (elf.clone(), false),
+            (elf[..elf.len() / 2].to_vec(), true),
+            (elf[..0x50].to_vec(), true),
+            (bz.clone(), false),
+            (bz[..3000].to_vec(), true),
+        ];
+        for (i, (image, truncated)) in table.into_iter().enumerate() {
+            let mem = create_memory(64).unwrap();
+            let result = load_kernel(&mem, &image);
+            assert_eq!(
+                matches!(result, Err(BootError::Truncated { .. })),
+                truncated,
+                "case {i}: {:?}",
+                result.err().map(|e| e.to_string())
+            );
+        }
+    }
+
+    #[test]
+    fn programs_linked_elsewhere_are_refused_with_the_reason() {
+        let mut elf = crate::guests::get("example-hot").unwrap().to_vec();
+        for at in load_headers(&elf) {
+            let vaddr = u64::from_le_bytes(elf[at + 0x10..at + 0x18].try_into().unwrap());
+            let kernel_half = vaddr | 0xffff_ffff_8000_0000;
+            elf[at + 0x10..at + 0x18].copy_from_slice(&kernel_half.to_le_bytes());
+        }
+        let mem = create_memory(64).unwrap();
+        let err = load_program(&mem, &elf).unwrap_err();
+        assert!(matches!(err, BootError::ProgramLinkage { .. }), "{err}");
+        assert!(err.to_string().contains("lwpvmm run --kernel"), "{err}");
     }
 
     #[test]

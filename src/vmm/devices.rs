@@ -5,7 +5,7 @@
 //! only the vCPU loop can answer (they need the vCPU's registers).
 
 use std::fs::File;
-use std::io::{self, Write};
+use std::io::{self, LineWriter, Write};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -64,10 +64,12 @@ impl Write for CaptureWriter {
 }
 
 impl SerialOut {
-    fn writer(&self) -> io::Result<Box<dyn Write + Send>> {
+    /// Opens the destination. Standard output and files are written through
+    /// line by line, so that a run that is killed leaves its console behind.
+    pub fn writer(&self) -> io::Result<Box<dyn Write + Send>> {
         Ok(match self {
             SerialOut::Stdout => Box::new(io::stdout()),
-            SerialOut::File(path) => Box::new(File::create(path)?),
+            SerialOut::File(path) => Box::new(LineWriter::new(File::create(path)?)),
             SerialOut::Capture(buf) => Box::new(CaptureWriter(Arc::clone(buf))),
         })
     }
@@ -121,14 +123,18 @@ pub struct PortBus {
 impl PortBus {
     /// The bus with its serial output going to `out`; `irq` is the eventfd
     /// wired to the serial GSI.
-    pub fn new(out: &SerialOut, irq: EventFd) -> io::Result<Self> {
-        Ok(PortBus {
-            serial: Serial::new(IrqTrigger(irq), out.writer()?),
-        })
+    pub fn new(out: Box<dyn Write + Send>, irq: EventFd) -> Self {
+        PortBus {
+            serial: Serial::new(IrqTrigger(irq), out),
+        }
     }
 
     /// The bus with the UART's registers restored from a snapshot.
-    pub fn from_state(out: &SerialOut, irq: EventFd, state: &SerialSnapshot) -> io::Result<Self> {
+    pub fn from_state(
+        out: Box<dyn Write + Send>,
+        irq: EventFd,
+        state: &SerialSnapshot,
+    ) -> io::Result<Self> {
         let s = SerialState {
             baud_divisor_low: state.baud_divisor_low,
             baud_divisor_high: state.baud_divisor_high,
@@ -141,7 +147,7 @@ impl PortBus {
             scratch: state.scratch,
             in_buffer: state.in_buffer.clone(),
         };
-        let serial = Serial::from_state(&s, IrqTrigger(irq), NoEvents, out.writer()?)
+        let serial = Serial::from_state(&s, IrqTrigger(irq), NoEvents, out)
             .map_err(|e| io::Error::other(format!("serial state: {e:?}")))?;
         Ok(PortBus { serial })
     }
@@ -225,10 +231,9 @@ mod tests {
     fn ports() {
         let buf = Arc::new(Mutex::new(Vec::new()));
         let mut bus = PortBus::new(
-            &SerialOut::Capture(Arc::clone(&buf)),
+            SerialOut::Capture(Arc::clone(&buf)).writer().unwrap(),
             EventFd::new(0).unwrap(),
-        )
-        .unwrap();
+        );
         for b in b"hi" {
             assert_eq!(bus.write(0x3f8, &[*b]), PortAction::Handled);
         }

@@ -79,6 +79,8 @@ metrics! {
     samples_charged,
     /// Trace writes that failed.
     trace_errors,
+    /// Records not written to the trace because it reached its size limit.
+    trace_dropped,
     /// LWP instructions and state calls refused with #PF, page not present.
     denied_not_present,
     /// ... with #PF, a protection check (user/supervisor, read-only, NX).

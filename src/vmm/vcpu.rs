@@ -476,15 +476,26 @@ impl Vcpu {
                     .iter()
                     .map(|r| TraceRecord::new(self.id, cr3, r))
                     .collect();
-                if let Ok(mut t) = trace.lock()
-                    && t.append(&lines).is_err()
-                {
-                    shared.metrics.trace_errors.fetch_add(1, Ordering::Relaxed);
+                match trace.lock().map(|mut t| t.append(&lines)) {
+                    Ok(Ok(dropped)) => {
+                        shared
+                            .metrics
+                            .trace_dropped
+                            .fetch_add(dropped, Ordering::Relaxed);
+                    }
+                    _ => {
+                        shared.metrics.trace_errors.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
             }
         }
         self.deliver_interrupt(shared);
         self.arm_stepping()
+    }
+
+    /// The vCPU's index (its APIC ID).
+    pub fn id(&self) -> u8 {
+        self.id
     }
 
     /// The KVM vCPU, for restoring its state before it runs.

@@ -33,8 +33,10 @@ use super::boot::{self, BootError};
 use super::cpuid;
 use super::devices::{GuestEnd, PortBus, SERIAL_IRQ, SerialOut};
 use super::metrics::{self, Metrics};
+use super::output::{self, OutputError, OutputKind, RewriteFile};
 use super::pause::PauseGate;
-use super::seccomp::{self, ThreadKind};
+use super::seccomp::{self, SeccompError, SeccompMode, ThreadKind};
+use super::signals::{self, StopSignals};
 use super::snapshot::{self, MemoryLayout, SnapshotError, VcpuSnapshot, VmKvmState, VmSnapshot};
 use super::step::StepBackend;
 use super::vcpu::{Shared, Vcpu, VcpuError, VcpuStop, kick_handler, paging_of};
@@ -69,8 +71,11 @@ pub struct VmConfig {
     pub serial: SerialOut,
     /// When and where to take snapshots.
     pub snapshots: SnapshotPlan,
-    /// Run the vCPU and control threads under seccomp filters.
-    pub seccomp: bool,
+    /// The seccomp filters of the vCPU and control threads.
+    pub seccomp: SeccompMode,
+    /// Stop the VM cleanly on SIGINT and SIGTERM (a second one ends the
+    /// process at once). For programs that own their signals, as the CLI.
+    pub stop_on_signals: bool,
     /// The sampler and the trace.
     pub profiling: Profiling,
     /// A user's program for the profile host guest (`lwpvmm profile`),
@@ -78,16 +83,34 @@ pub struct VmConfig {
     pub program: Option<Vec<u8>>,
 }
 
+/// The trace's size limit unless the caller sets one: 1 GiB.
+pub const DEFAULT_TRACE_MAX: u64 = 1 << 30;
+
 /// Sampled events and the host-side trace.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Profiling {
     /// Sampling kicks per second and vCPU (0: no sampler). The sampler runs
     /// only when the profile has CNH or RNH.
     pub sample_hz: u32,
     /// Write every stored LWP record to this trace file.
     pub trace: Option<PathBuf>,
-    /// Where SIGUSR1 writes the counters as JSON while the VM runs.
+    /// The trace's size limit in bytes: records past it are counted in the
+    /// metrics (`trace_dropped`), not written, and the trace says so.
+    pub trace_max: u64,
+    /// Where the counters go as JSON at the end, and on SIGUSR1 while the
+    /// VM runs.
     pub metrics: Option<PathBuf>,
+}
+
+impl Default for Profiling {
+    fn default() -> Self {
+        Profiling {
+            sample_hz: 0,
+            trace: None,
+            trace_max: DEFAULT_TRACE_MAX,
+            metrics: None,
+        }
+    }
 }
 
 /// When and where a running VM writes snapshots.
@@ -127,9 +150,15 @@ pub enum VmError {
     /// A vCPU ended the VM with an error.
     #[error(transparent)]
     Vcpu(#[from] VcpuError),
-    /// Host-side I/O (serial file, event loop) failed.
+    /// Host-side I/O (event loop, signal handlers) failed.
     #[error("{0}: {1}")]
     Io(&'static str, std::io::Error),
+    /// An output file or directory cannot be created or written.
+    #[error(transparent)]
+    Output(#[from] OutputError),
+    /// A seccomp filter could not be installed.
+    #[error("control thread: {0}")]
+    Seccomp(#[from] SeccompError),
     /// A vCPU thread panicked.
     #[error("vCPU {0} thread panicked")]
     Panicked(u8),
@@ -141,15 +170,91 @@ pub enum VmError {
     VcpuState(u8, VcpuStateError),
 }
 
+/// Why a VM stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VmEnd {
+    /// The guest ended it.
+    Guest(GuestEnd),
+    /// lwpvmm received this signal (SIGINT, SIGTERM) and stopped it.
+    Signal(i32),
+}
+
 /// How a VM ended.
 #[derive(Debug, Clone)]
 pub struct RunOutcome {
-    /// How the guest ended the VM.
-    pub end: GuestEnd,
+    /// Why it stopped.
+    pub end: VmEnd,
     /// The counters.
     pub metrics: serde_json::Value,
     /// Each vCPU's LWP unit counters.
     pub lwp: Vec<UnitStats>,
+    /// What failed on the way without stopping the VM (a requested
+    /// snapshot, a metrics write): the caller should report it and fail.
+    pub errors: Vec<String>,
+}
+
+/// The metrics document: how the run ended (`null` while it runs), the
+/// VM's counters, and each LWP unit's.
+pub fn metrics_document(
+    end: Option<VmEnd>,
+    vm: &serde_json::Value,
+    lwp: &[UnitStats],
+) -> serde_json::Value {
+    let end = match end {
+        None => serde_json::Value::Null,
+        Some(VmEnd::Guest(GuestEnd::ExitPort(value))) => serde_json::json!({ "exit_port": value }),
+        Some(VmEnd::Guest(GuestEnd::PowerOff)) => serde_json::json!("power_off"),
+        Some(VmEnd::Guest(GuestEnd::Reboot)) => serde_json::json!("reboot"),
+        Some(VmEnd::Signal(signal)) => serde_json::json!({ "signal": signal }),
+    };
+    serde_json::json!({ "end": end, "vm": vm, "lwp_units": lwp })
+}
+
+/// The console's writer.
+type Console = Box<dyn std::io::Write + Send>;
+
+/// The files a run writes besides the console, opened before anything else.
+struct Outputs {
+    metrics: Option<RewriteFile>,
+    trace: Option<TraceWriter>,
+}
+
+impl Outputs {
+    /// Opens the console and every other output, in that order.
+    fn open(
+        serial: &SerialOut,
+        profiling: &Profiling,
+        plan: &SnapshotPlan,
+        profile: LwpProfile,
+    ) -> Result<(Console, Self), VmError> {
+        let console = serial.writer().map_err(|e| match serial {
+            SerialOut::File(path) => OutputError::new(OutputKind::Serial, path, e),
+            _ => OutputError::new(OutputKind::Serial, Path::new("stdout"), e),
+        })?;
+        let metrics = profiling
+            .metrics
+            .as_deref()
+            .map(|p| RewriteFile::create(OutputKind::Metrics, p))
+            .transpose()?;
+        let trace = match &profiling.trace {
+            Some(path) => {
+                let header = TraceHeader {
+                    lwpvmm_trace: TRACE_VERSION,
+                    profile: profile.name().into(),
+                    sample_hz: profiling.sample_hz,
+                };
+                Some(
+                    TraceWriter::create(path, &header, profiling.trace_max)
+                        .map_err(|e| OutputError::new(OutputKind::Trace, path, e))?,
+                )
+            }
+            None => None,
+        };
+        if let Some(dir) = &plan.dir {
+            output::prepare_snapshot_dir(dir)?;
+        }
+        Ok((console, Outputs { metrics, trace }))
+    }
 }
 
 fn setup(what: &'static str) -> impl Fn(kvm_ioctls::Error) -> VmError {
@@ -196,7 +301,7 @@ fn create_machine(
     vcpu_count: u8,
     profile: LwpProfile,
     guest: GuestLwpSupport,
-    bus: impl FnOnce(EventFd) -> std::io::Result<PortBus>,
+    bus: impl FnOnce(EventFd) -> Result<PortBus, VmError>,
 ) -> Result<Machine, VmError> {
     let max_vcpus = kvm.get_max_vcpus().min(255);
     if vcpu_count == 0 || usize::from(vcpu_count) > max_vcpus {
@@ -217,9 +322,7 @@ fn create_machine(
     let serial_irq = EventFd::new(EFD_NONBLOCK).map_err(|e| VmError::Io("serial eventfd", e))?;
     vm.register_irqfd(&serial_irq, SERIAL_IRQ)
         .map_err(setup("KVM_IRQFD"))?;
-    let bus = Arc::new(Mutex::new(
-        bus(serial_irq).map_err(|e| VmError::Io("serial output", e))?,
-    ));
+    let bus = Arc::new(Mutex::new(bus(serial_irq)?));
     let supported = supported_cpuid(kvm)?;
     let xsave_size = usize::try_from(vm.check_extension_int(Cap::Xsave2))
         .ok()
@@ -266,15 +369,20 @@ fn create_machine(
 
 /// Boots a kernel and runs the VM to its end.
 pub fn run(config: &VmConfig) -> Result<RunOutcome, VmError> {
+    let (console, outputs) = Outputs::open(
+        &config.serial,
+        &config.profiling,
+        &config.snapshots,
+        config.profile,
+    )?;
     let kvm = open_kvm()?;
-    let serial = config.serial.clone();
     let machine = create_machine(
         &kvm,
         config.memory_mib,
         config.vcpus,
         config.profile,
         config.guest,
-        |irq| PortBus::new(&serial, irq),
+        |irq| Ok(PortBus::new(console, irq)),
     )?;
     let mut cmdline = config.cmdline.clone();
     if let Some(program) = &config.program {
@@ -289,9 +397,13 @@ pub fn run(config: &VmConfig) -> Result<RunOutcome, VmError> {
     )?;
     run_machine(
         machine,
+        outputs,
         &config.snapshots,
         &config.profiling,
-        config.seccomp,
+        Threads {
+            seccomp: config.seccomp,
+            stop_on_signals: config.stop_on_signals,
+        },
     )
 }
 
@@ -331,9 +443,8 @@ fn step_backend(kvm: &Kvm) -> StepBackend {
 }
 
 fn probe_step_backend(kvm: &Kvm) -> Result<StepBackend, VmError> {
-    let sink = SerialOut::Capture(Arc::new(Mutex::new(Vec::new())));
     let mut machine = create_machine(kvm, 16, 1, LwpProfile::Off, GuestLwpSupport::Stock, |irq| {
-        PortBus::new(&sink, irq)
+        Ok(PortBus::new(Box::new(std::io::sink()), irq))
     })?;
     let probe = crate::guests::get("stepprobe").unwrap_or_default();
     boot_kernel(&machine, probe, "", None)?;
@@ -352,8 +463,10 @@ pub struct RestoreConfig {
     pub profile: Option<LwpProfile>,
     /// Snapshots to take from the restored VM.
     pub snapshots: SnapshotPlan,
-    /// Run the vCPU and control threads under seccomp filters.
-    pub seccomp: bool,
+    /// The seccomp filters of the vCPU and control threads.
+    pub seccomp: SeccompMode,
+    /// Stop the VM cleanly on SIGINT and SIGTERM, as [`VmConfig`].
+    pub stop_on_signals: bool,
     /// The sampler and the trace.
     pub profiling: Profiling,
 }
@@ -367,6 +480,12 @@ pub fn restore(config: &RestoreConfig) -> Result<RunOutcome, VmError> {
         .profile
         .parse()
         .map_err(|e: UnknownProfile| SnapshotError::Mismatch(e.to_string()))?;
+    let (console, outputs) = Outputs::open(
+        &config.serial,
+        &config.profiling,
+        &config.snapshots,
+        profile,
+    )?;
     if let Some(want) = config.profile
         && want != profile
     {
@@ -397,10 +516,10 @@ pub fn restore(config: &RestoreConfig) -> Result<RunOutcome, VmError> {
     }
     let kvm = open_kvm()?;
     check_cpuid(&kvm, &snap, profile, guest)?;
-    let serial = config.serial.clone();
     let serial_state = snap.serial.clone();
     let mut machine = create_machine(&kvm, total >> 20, vcpu_count, profile, guest, |irq| {
-        PortBus::from_state(&serial, irq, &serial_state)
+        PortBus::from_state(console, irq, &serial_state)
+            .map_err(|e| SnapshotError::Mismatch(format!("the serial port's state: {e}")).into())
     })?;
     snapshot::read_memory(&config.dir, &machine.mem, &snap.memory)?;
     for (vcpu, saved) in machine.vcpus.iter_mut().zip(&snap.vcpus) {
@@ -423,9 +542,13 @@ pub fn restore(config: &RestoreConfig) -> Result<RunOutcome, VmError> {
     );
     run_machine(
         machine,
+        outputs,
         &config.snapshots,
         &config.profiling,
-        config.seccomp,
+        Threads {
+            seccomp: config.seccomp,
+            stop_on_signals: config.stop_on_signals,
+        },
     )
 }
 
@@ -622,8 +745,9 @@ pub fn cpuid_table(
     Ok(cpuid::build(&supported_cpuid(&kvm)?, profile, guest, 0))
 }
 
-/// What the event loop is waiting for: the VM's end, console input, and
-/// snapshot requests (the `--snapshot-after` timer and SIGUSR2).
+/// What the event loop is waiting for: the VM's end, console input,
+/// snapshot requests (the `--snapshot-after` timer and SIGUSR2), metrics
+/// dumps (SIGUSR1), sampler ticks and stop signals.
 struct Control {
     exit: EventFd,
     stdin: Option<std::io::Stdin>,
@@ -633,8 +757,10 @@ struct Control {
     sampler: Option<TimerFd>,
     samples_due: u64,
     sigusr1: Option<UnixStream>,
+    stop_signals: Option<StopSignals>,
     metrics_due: bool,
     snapshot_due: bool,
+    signal: Option<i32>,
     done: bool,
 }
 
@@ -656,6 +782,9 @@ impl MutEventSubscriber for Control {
             let mut b = [0u8; 16];
             let _ = s.read(&mut b);
             self.metrics_due = true;
+        } else if let Some(signal) = self.stop_signals.as_mut().and_then(|s| s.arrived(fd)) {
+            self.signal.get_or_insert(signal);
+            self.done = true;
         } else {
             self.console_input(ops);
         }
@@ -671,6 +800,9 @@ impl MutEventSubscriber for Control {
         }
         for s in self.sigusr2.iter().chain(&self.sigusr1) {
             let _ = ops.add(Events::new(s, EventSet::IN));
+        }
+        for fd in self.stop_signals.iter().flat_map(StopSignals::fds) {
+            let _ = ops.add(Events::new_raw(fd, EventSet::IN));
         }
         if let Some(s) = &self.stdin
             && ops
@@ -770,8 +902,6 @@ impl Snapshotter<'_> {
             .lock()
             .map_err(|_| VmError::Io("serial", std::io::Error::other("lock poisoned")))?
             .serial_state();
-        std::fs::create_dir_all(self.dir)
-            .map_err(|e| VmError::Io("creating the snapshot directory", e))?;
         let (crc64, memory_bytes) = snapshot::write_memory(self.dir, self.mem)?;
         let state = VmSnapshot {
             lwpvmm_version: env!("CARGO_PKG_VERSION").into(),
@@ -794,14 +924,28 @@ impl Snapshotter<'_> {
     }
 }
 
+/// How the threads of a running VM behave.
+#[derive(Debug, Clone, Copy)]
+struct Threads {
+    seccomp: SeccompMode,
+    stop_on_signals: bool,
+}
+
 fn run_machine(
     machine: Machine,
+    outputs: Outputs,
     plan: &SnapshotPlan,
     profiling: &Profiling,
-    seccomp: bool,
+    threads: Threads,
 ) -> Result<RunOutcome, VmError> {
     register_signal_handler(SIGRTMIN(), kick_handler)
         .map_err(|e| VmError::Io("kick signal", e.into()))?;
+    // Registered before any vCPU runs, so that no stop signal is lost.
+    let stop_signals = threads
+        .stop_on_signals
+        .then(StopSignals::register)
+        .transpose()
+        .map_err(|e| VmError::Io("SIGINT and SIGTERM handlers", e))?;
     let Machine {
         vm,
         mem,
@@ -812,19 +956,8 @@ fn run_machine(
         profile,
         guest,
     } = machine;
-    let trace = match &profiling.trace {
-        Some(path) => {
-            let header = TraceHeader {
-                lwpvmm_trace: TRACE_VERSION,
-                profile: profile.name().into(),
-                sample_hz: profiling.sample_hz,
-            };
-            let writer = TraceWriter::create(path, &header)
-                .map_err(|e| VmError::Io("creating the trace", e))?;
-            Some(Arc::new(Mutex::new(writer)))
-        }
-        None => None,
-    };
+    let Outputs { metrics: metrics_file, trace } = outputs;
+    let trace = trace.map(|t| Arc::new(Mutex::new(t)));
     let mut vcpus = vcpus;
     if trace.is_some() {
         vcpus.iter_mut().for_each(Vcpu::trace_records);
@@ -858,12 +991,13 @@ fn run_machine(
         let exit = exit
             .try_clone()
             .map_err(|e| VmError::Io("exit eventfd", e))?;
+        let name = format!("vcpu{}", vcpu.id());
         let handle = thread::Builder::new()
-            .name("lwpvmm-vcpu".into())
+            .name(format!("lwpvmm-{name}"))
             .spawn(move || {
-                let result = match seccomp.then(|| seccomp::install(ThreadKind::Vcpu)) {
-                    Some(Err(e)) => Err(VcpuError::Seccomp(e)),
-                    _ => vcpu.run_loop(&shared),
+                let result = match seccomp::install(ThreadKind::Vcpu, threads.seccomp, &name) {
+                    Err(e) => Err(VcpuError::Seccomp(e)),
+                    Ok(()) => vcpu.run_loop(&shared),
                 };
                 shared.stop.store(true, Ordering::Release);
                 let _ = exit.write(1);
@@ -881,7 +1015,7 @@ fn run_machine(
         stop,
         metrics,
         all_metrics,
-        metrics_path: profiling.metrics.clone(),
+        metrics_file,
         exit,
         handles,
         plan: plan.clone(),
@@ -890,10 +1024,11 @@ fn run_machine(
         trace,
         sample_period,
         sample_flags,
+        stop_signals,
     };
     thread::Builder::new()
-        .name("lwpvmm-ctl".into())
-        .spawn(move || control.run(seccomp))
+        .name("lwpvmm-control".into())
+        .spawn(move || control.run(threads.seccomp))
         .map_err(|e| VmError::Io("spawning the control thread", e))?
         .join()
         .map_err(|_| VmError::Io("control thread", std::io::Error::other("panicked")))?
@@ -908,7 +1043,7 @@ struct ControlThread {
     stop: Arc<AtomicBool>,
     metrics: Arc<Metrics>,
     all_metrics: Vec<Arc<Metrics>>,
-    metrics_path: Option<PathBuf>,
+    metrics_file: Option<RewriteFile>,
     exit: EventFd,
     handles: Vec<thread::JoinHandle<VcpuThreadResult>>,
     plan: SnapshotPlan,
@@ -917,15 +1052,24 @@ struct ControlThread {
     trace: Option<Arc<Mutex<TraceWriter>>>,
     sample_period: Option<Duration>,
     sample_flags: Vec<Arc<AtomicBool>>,
+    stop_signals: Option<StopSignals>,
 }
 
 /// What a vCPU thread hands back.
 type VcpuThreadResult = (Result<VcpuStop, VcpuError>, UnitStats);
 
+/// Writes the metrics document, or says why it could not.
+fn write_metrics(file: &RewriteFile, document: &serde_json::Value) -> Result<(), String> {
+    serde_json::to_vec_pretty(document)
+        .map_err(std::io::Error::other)
+        .and_then(|bytes| file.replace(&bytes))
+        .map_err(|e| format!("cannot write the metrics to {}: {e}", file.path().display()))
+}
+
 impl ControlThread {
     /// The event loop, snapshots, and the shutdown of every vCPU thread. The
     /// seccomp filter goes on once the loop's descriptors exist.
-    fn run(self, seccomp: bool) -> Result<RunOutcome, VmError> {
+    fn run(self, seccomp: SeccompMode) -> Result<RunOutcome, VmError> {
         let ControlThread {
             vm,
             mem,
@@ -934,7 +1078,7 @@ impl ControlThread {
             stop,
             metrics,
             all_metrics,
-            metrics_path,
+            metrics_file,
             exit,
             handles,
             plan,
@@ -943,6 +1087,7 @@ impl ControlThread {
             trace,
             sample_period,
             sample_flags,
+            stop_signals,
         } = self;
         let plan = &plan;
         let timer = match (&plan.dir, plan.after) {
@@ -958,7 +1103,7 @@ impl ControlThread {
             Some(_) => Some(signal_pipe(signal_hook::consts::SIGUSR2)?),
             None => None,
         };
-        let sigusr1 = match &metrics_path {
+        let sigusr1 = match &metrics_file {
             Some(_) => Some(signal_pipe(signal_hook::consts::SIGUSR1)?),
             None => None,
         };
@@ -984,15 +1129,14 @@ impl ControlThread {
             sampler,
             samples_due: 0,
             sigusr1,
+            stop_signals,
             metrics_due: false,
             snapshot_due: false,
+            signal: None,
             done: false,
         }));
         manager.add_subscriber(control.clone());
-        if seccomp {
-            seccomp::install(ThreadKind::Control)
-                .map_err(|e| VmError::Io("seccomp", std::io::Error::other(e.to_string())))?;
-        }
+        seccomp::install(ThreadKind::Control, seccomp, "control")?;
         let snapshotter = plan.dir.as_deref().map(|dir| Snapshotter {
             dir,
             vm: &vm,
@@ -1003,26 +1147,25 @@ impl ControlThread {
             profile,
             guest,
         });
-        loop {
-            let (done, due, samples, dump) =
-                control.lock().map_or((true, false, 0, false), |mut c| {
+        let mut errors = Vec::new();
+        let signal = loop {
+            let (done, due, samples, dump, signal) =
+                control.lock().map_or((true, false, 0, false, None), |mut c| {
                     (
                         c.done,
                         std::mem::take(&mut c.snapshot_due),
                         std::mem::take(&mut c.samples_due),
                         std::mem::take(&mut c.metrics_due),
+                        c.signal,
                     )
                 });
             if done {
-                break;
+                break signal;
             }
-            if let (true, Some(path)) = (dump, &metrics_path) {
-                let json = serde_json::json!({ "vm": metrics::vm_json(&all_metrics) });
-                if let Err(e) = serde_json::to_vec_pretty(&json)
-                    .map_err(std::io::Error::other)
-                    .and_then(|bytes| std::fs::write(path, bytes))
-                {
-                    log::error!("cannot write the metrics to {}: {e}", path.display());
+            if let (true, Some(file)) = (dump, &metrics_file) {
+                let json = metrics_document(None, &metrics::vm_json(&all_metrics), &[]);
+                if let Err(e) = write_metrics(file, &json) {
+                    log::error!("{e}");
                 }
             }
             if samples > 0 {
@@ -1046,12 +1189,16 @@ impl ControlThread {
                             started.elapsed().as_secs_f64() * 1e3
                         );
                     }
-                    Err(e) => log::error!("snapshot to {} failed: {e}", snap.dir.display()),
+                    Err(e) => {
+                        let e = format!("the snapshot to {} failed: {e}", snap.dir.display());
+                        log::error!("{e}");
+                        errors.push(e);
+                    }
                 }
                 continue;
             }
             manager.run().map_err(event_error("event loop"))?;
-        }
+        };
 
         stop.store(true, Ordering::Release);
         for h in &handles {
@@ -1075,15 +1222,30 @@ impl ControlThread {
             b.flush();
         }
         if let Some(t) = &trace
-            && t.lock().map(|mut t| t.flush()).is_err()
+            && t.lock().map_or(true, |mut t| t.flush().is_err())
         {
             metrics.trace_errors.fetch_add(1, Ordering::Relaxed);
         }
-        let end = first.unwrap_or(Ok(GuestEnd::ExitPort(0)))?;
+        let end = match (first, signal) {
+            (Some(Err(e)), _) => return Err(e),
+            (Some(Ok(end)), _) => VmEnd::Guest(end),
+            (None, Some(signal)) => {
+                log::info!("{} received: the VM was stopped", signals::name(signal));
+                VmEnd::Signal(signal)
+            }
+            (None, None) => VmEnd::Guest(GuestEnd::ExitPort(0)),
+        };
+        let vm_metrics = metrics::vm_json(&all_metrics);
+        if let Some(file) = &metrics_file
+            && let Err(e) = write_metrics(file, &metrics_document(Some(end), &vm_metrics, &lwp))
+        {
+            errors.push(e);
+        }
         Ok(RunOutcome {
             end,
-            metrics: metrics::vm_json(&all_metrics),
+            metrics: vm_metrics,
             lwp,
+            errors,
         })
     }
 }

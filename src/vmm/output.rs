@@ -1,0 +1,138 @@
+//! The files a run writes, opened or created before the VM starts, so that a
+//! wrong path fails at once with the path in the message instead of after
+//! the whole run: the console file, the metrics file (rewritten in place at
+//! every dump, through the descriptor opened at start-up), the trace and
+//! the snapshot directory.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use thiserror::Error;
+
+/// Which output a path is for; the command line names the option.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputKind {
+    /// The serial console file.
+    Serial,
+    /// The metrics file.
+    Metrics,
+    /// The trace file.
+    Trace,
+    /// The snapshot directory.
+    SnapshotDir,
+}
+
+impl OutputKind {
+    fn describe(self) -> &'static str {
+        match self {
+            OutputKind::Serial => "the console file",
+            OutputKind::Metrics => "the metrics file",
+            OutputKind::Trace => "the trace file",
+            OutputKind::SnapshotDir => "the snapshot directory",
+        }
+    }
+}
+
+/// An output that cannot be created or written.
+#[derive(Debug, Error)]
+#[error("cannot write {} {}: {source}", .kind.describe(), .path.display())]
+pub struct OutputError {
+    /// Which output.
+    pub kind: OutputKind,
+    /// Its path.
+    pub path: PathBuf,
+    /// Why.
+    pub source: io::Error,
+}
+
+impl OutputError {
+    /// An error of `kind` at `path`.
+    pub fn new(kind: OutputKind, path: &Path, source: io::Error) -> Self {
+        OutputError {
+            kind,
+            path: path.to_owned(),
+            source,
+        }
+    }
+}
+
+/// A file whose whole content is replaced at each write (the metrics),
+/// through the descriptor opened at start-up: the control thread rewrites
+/// it without opening anything.
+#[derive(Debug)]
+pub struct RewriteFile {
+    path: PathBuf,
+    file: File,
+}
+
+impl RewriteFile {
+    /// Creates (or truncates) the file.
+    pub fn create(kind: OutputKind, path: &Path) -> Result<Self, OutputError> {
+        let file = File::create(path).map_err(|e| OutputError::new(kind, path, e))?;
+        Ok(RewriteFile {
+            path: path.to_owned(),
+            file,
+        })
+    }
+
+    /// Replaces the content with `bytes`.
+    pub fn replace(&self, bytes: &[u8]) -> io::Result<()> {
+        self.file.set_len(0)?;
+        self.file.write_all_at(bytes, 0)
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// Creates the snapshot directory if needed and checks that files can be
+/// created in it (with a probe file, removed at once: permissions alone do
+/// not tell, for root or a read-only file system).
+pub fn prepare_snapshot_dir(dir: &Path) -> Result<(), OutputError> {
+    let err = |e| OutputError::new(OutputKind::SnapshotDir, dir, e);
+    std::fs::create_dir_all(dir).map_err(err)?;
+    let probe = dir.join(format!(".lwpvmm-probe-{}", std::process::id()));
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+        .map_err(err)?;
+    std::fs::remove_file(&probe).map_err(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rewrites_replace_the_whole_content() {
+        let path = std::env::temp_dir().join(format!("lwpvmm-output-{}", std::process::id()));
+        let f = RewriteFile::create(OutputKind::Metrics, &path).unwrap();
+        f.replace(b"a longer first version").unwrap();
+        f.replace(b"short").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"short");
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn bad_paths_are_named() {
+        // (kind, path) that cannot be created
+        let table = [
+            (OutputKind::Metrics, "/nonexistent-dir/metrics.json"),
+            (OutputKind::SnapshotDir, "/proc/lwpvmm-snapshots"),
+        ];
+        for (kind, path) in table {
+            let err = match kind {
+                OutputKind::SnapshotDir => prepare_snapshot_dir(Path::new(path)).unwrap_err(),
+                _ => RewriteFile::create(kind, Path::new(path)).unwrap_err(),
+            };
+            assert_eq!(err.kind, kind);
+            let text = err.to_string();
+            assert!(text.contains(path), "{text}");
+        }
+    }
+}

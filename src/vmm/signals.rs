@@ -1,0 +1,84 @@
+//! SIGINT and SIGTERM while a VM runs (when the caller asks for it, as
+//! `lwpvmm run` does): the first one stops the VM cleanly (the vCPUs stop,
+//! the console, trace and metrics are flushed and written, and the run ends
+//! with that signal as its reason); a second one ends the process at once
+//! with status 128 + N, for a stop that hangs. signal-hook writes a byte to
+//! a socket from the handler; the control thread watches the sockets.
+
+use std::io::Read;
+use std::os::unix::io::{AsRawFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use signal_hook::SigId;
+use signal_hook::consts::{SIGINT, SIGTERM};
+
+/// The signals that stop a VM.
+pub const STOP_SIGNALS: [i32; 2] = [SIGINT, SIGTERM];
+
+/// The handlers, registered until this is dropped.
+#[derive(Debug)]
+pub struct StopSignals {
+    watched: Vec<(i32, UnixStream)>,
+    ids: Vec<SigId>,
+}
+
+impl StopSignals {
+    /// Registers the handlers. They replace an inherited "ignore" too (a
+    /// shell starts background jobs with SIGINT ignored).
+    pub fn register() -> std::io::Result<Self> {
+        let mut stop = StopSignals {
+            watched: Vec::new(),
+            ids: Vec::new(),
+        };
+        for signal in STOP_SIGNALS {
+            let armed = Arc::new(AtomicBool::new(false));
+            // The shutdown goes first, so that it sees the flag the first
+            // signal sets only from the second signal on.
+            let status = 128 + u32::try_from(signal).unwrap_or(0);
+            stop.ids.push(signal_hook::flag::register_conditional_shutdown(
+                signal,
+                status as i32,
+                Arc::clone(&armed),
+            )?);
+            stop.ids.push(signal_hook::flag::register(signal, armed)?);
+            let (reader, writer) = UnixStream::pair()?;
+            reader.set_nonblocking(true)?;
+            stop.ids
+                .push(signal_hook::low_level::pipe::register(signal, writer)?);
+            stop.watched.push((signal, reader));
+        }
+        Ok(stop)
+    }
+
+    /// The descriptors to watch.
+    pub fn fds(&self) -> Vec<RawFd> {
+        self.watched.iter().map(|(_, s)| s.as_raw_fd()).collect()
+    }
+
+    /// The signal whose socket `fd` is, after draining it.
+    pub fn arrived(&mut self, fd: RawFd) -> Option<i32> {
+        let (signal, socket) = self.watched.iter_mut().find(|(_, s)| s.as_raw_fd() == fd)?;
+        let mut b = [0u8; 16];
+        let _ = socket.read(&mut b);
+        Some(*signal)
+    }
+}
+
+impl Drop for StopSignals {
+    fn drop(&mut self) {
+        for id in self.ids.drain(..) {
+            signal_hook::low_level::unregister(id);
+        }
+    }
+}
+
+/// A signal's name, for messages.
+pub fn name(signal: i32) -> &'static str {
+    match signal {
+        SIGINT => "SIGINT",
+        SIGTERM => "SIGTERM",
+        _ => "a signal",
+    }
+}
