@@ -31,6 +31,9 @@ const GUESTS: &[&str] = &[
     "stepping",
     "stepprobe",
     "profile_host",
+    "cplprobe",
+    "privilege",
+    "pku",
 ];
 
 /// Guests that share another guest's CPL0 part: (guest, assembly source).

@@ -4,10 +4,22 @@
 
 use lwpvmm::guard::pagetable::{PageSize, PageTables, PteFlags};
 use lwpvmm::guard::paging::{entry_at, is_canonical};
-use lwpvmm::guard::{Access, GuardError, GuestMemory, GuestView, Level, Paging};
-use lwpvmm::lwp::fault::{GuestFault, PF_FETCH, PF_PRESENT, PF_RESERVED, PF_USER, PF_WRITE};
+use lwpvmm::guard::{Access, GuardError, GuestMemory, GuestView, Level, Paging, PagingCaps};
+
+use lwpvmm::lwp::fault::{
+    GuestFault, PF_FETCH, PF_PRESENT, PF_PROTECTION_KEY, PF_RESERVED, PF_USER, PF_WRITE,
+};
 use lwpvmm::lwp::memory::UserMemory;
 use vm_memory::{Bytes, GuestAddress};
+
+/// A processor with 1 GiB pages, NX, 48 physical-address bits and no
+/// protection keys.
+const CAPS: PagingCaps = PagingCaps {
+    maxphyaddr: 48,
+    page_1g: true,
+    nx: true,
+    pku: false,
+};
 
 const MIB: u64 = 1 << 20;
 const CR0_PE: u64 = 1;
@@ -115,7 +127,7 @@ fn space() -> Space {
 
 impl Space {
     fn paging_with(&self, cr0: u64, cr4: u64, efer: u64) -> Paging {
-        Paging::from_regs(cr0, self.cr3, cr4 | CR4_PAE, efer, 48).unwrap()
+        Paging::from_regs(cr0, self.cr3, cr4 | CR4_PAE, efer, CAPS, 0).unwrap()
     }
     fn view(&self) -> GuestView<'_> {
         GuestView::new(&self.mem, self.paging_with(CR0, 0, EFER))
@@ -417,7 +429,7 @@ fn unsupported_paging_modes() {
         (CR0, CR4_PAE | CR4_LA57, EFER),
     ];
     for (cr0, cr4, efer) in table {
-        let err = Paging::from_regs(cr0, s.cr3, cr4, efer, 48).unwrap_err();
+        let err = Paging::from_regs(cr0, s.cr3, cr4, efer, CAPS, 0).unwrap_err();
         assert!(matches!(err, GuardError::UnsupportedPaging(_)), "{err}");
         assert_eq!(err.fault(), GuestFault::GeneralProtection);
     }
@@ -428,7 +440,7 @@ fn pcid_and_flag_bits_of_cr3_are_masked() {
     let s = space();
     let plain = s.view().translate(USER_RW, Access::UserRead).unwrap();
     let cr3 = s.cr3 | 0x5 | 1 << 63;
-    let p = Paging::from_regs(CR0, cr3, CR4_PAE | 1 << 17, EFER, 48).unwrap();
+    let p = Paging::from_regs(CR0, cr3, CR4_PAE | 1 << 17, EFER, CAPS, 0).unwrap();
     assert_eq!(p.pml4(), s.cr3);
     assert_eq!(
         GuestView::new(&s.mem, p).translate(USER_RW, Access::UserRead),
@@ -604,4 +616,90 @@ fn faults_the_guest_receives() {
         }
     );
     assert_eq!(v.check_user_write(USER_RW, 4096), Ok(()));
+}
+
+/// The walk follows what the guest's processor offers, from a fabricated
+/// CPUID: a PDPTE with PS is a 1 GiB page only with Page1GB (a reserved bit
+/// otherwise, as the CPU says), NX only with NX, physical bits up to
+/// MAXPHYADDR, and protection keys (with CR4.PKE and PKRU) only with PKU.
+#[test]
+fn page_walks_follow_the_guests_cpuid() {
+    const KEY: u64 = 5;
+    const KEYED: u64 = 0x40_5000;
+    const HIGH_BIT: u64 = 0x40_6000;
+    const CR4_PKE: u64 = 1 << 22;
+    let mem = memory();
+    let cr3 = {
+        let mut pt = PageTables::new(&mem, 0x1000, 0x10_0000).unwrap();
+        let k = PageSize::Size4K;
+        pt.map(NO_EXEC, 0x30_3000, k, PteFlags::USER_RW | PteFlags::NX)
+            .unwrap();
+        pt.map(LARGE_1G, 0, PageSize::Size1G, PteFlags::USER_RW)
+            .unwrap();
+        pt.map(KEYED, 0x30_5000, k, PteFlags::USER_RW).unwrap();
+        let keyed = 0x30_5000 | PteFlags::USER_RW.bits() | KEY << 59;
+        pt.set_entry(KEYED, Level::Pt, keyed).unwrap();
+        pt.map(HIGH_BIT, 0x30_6000, k, PteFlags::USER_RW).unwrap();
+        let high = 0x30_6000 | 1 << 44 | PteFlags::USER_RW.bits();
+        pt.set_entry(HIGH_BIT, Level::Pt, high).unwrap();
+        pt.cr3()
+    };
+    let none = PagingCaps {
+        maxphyaddr: 40,
+        page_1g: false,
+        nx: false,
+        pku: false,
+    };
+    let all = PagingCaps {
+        maxphyaddr: 48,
+        page_1g: true,
+        nx: true,
+        pku: true,
+    };
+    let wd = 1u32 << (2 * KEY + 1);
+    let ad = 1u32 << (2 * KEY);
+    let rsvd = |a: u64, access: Access| {
+        Err(GuestFault::PageFault {
+            address: a,
+            error_code: access.error_code() | PF_PRESENT | PF_RESERVED,
+        })
+    };
+    let pk = |a: u64, access: Access| {
+        Err(GuestFault::PageFault {
+            address: a,
+            error_code: access.error_code() | PF_PRESENT | PF_PROTECTION_KEY,
+        })
+    };
+    let nx = |a: u64| {
+        Err(GuestFault::PageFault {
+            address: a,
+            error_code: PF_USER | PF_FETCH | PF_PRESENT,
+        })
+    };
+    // (what, caps, CR0, CR4, PKRU, address, access, result)
+    #[allow(clippy::type_complexity)]
+    let table: [(&str, PagingCaps, u64, u64, u32, u64, Access, Result<(), GuestFault>); 16] = [
+        ("1 GiB page with Page1GB", all, CR0, 0, 0, LARGE_1G, Access::UserWrite, Ok(())),
+        ("1 GiB page without Page1GB", none, CR0, 0, 0, LARGE_1G, Access::UserWrite, rsvd(LARGE_1G, Access::UserWrite)),
+        ("NX page fetched with NX", all, CR0, 0, 0, NO_EXEC, Access::UserFetch, nx(NO_EXEC)),
+        ("XD bit without NX is reserved", none, CR0, 0, 0, NO_EXEC, Access::UserRead, rsvd(NO_EXEC, Access::UserRead)),
+        ("bit 44 under MAXPHYADDR 48", all, CR0, 0, 0, HIGH_BIT, Access::UserRead, Ok(())),
+        ("bit 44 above MAXPHYADDR 40", none, CR0, 0, 0, HIGH_BIT, Access::UserRead, rsvd(HIGH_BIT, Access::UserRead)),
+        ("write-disabled key: user write", all, CR0, CR4_PKE, wd, KEYED, Access::UserWrite, pk(KEYED, Access::UserWrite)),
+        ("write-disabled key: user read", all, CR0, CR4_PKE, wd, KEYED, Access::UserRead, Ok(())),
+        ("access-disabled key: user read", all, CR0, CR4_PKE, ad, KEYED, Access::UserRead, pk(KEYED, Access::UserRead)),
+        ("access-disabled key: fetch is not data", all, CR0, CR4_PKE, ad, KEYED, Access::UserFetch, Ok(())),
+        ("write-disabled key: supervisor write, CR0.WP", all, CR0, CR4_PKE, wd, KEYED, Access::SupervisorWrite, pk(KEYED, Access::SupervisorWrite)),
+        ("write-disabled key: supervisor write, no WP", all, CR0 & !CR0_WP, CR4_PKE, wd, KEYED, Access::SupervisorWrite, Ok(())),
+        ("access-disabled key: supervisor read", all, CR0, CR4_PKE, ad, KEYED, Access::SupervisorRead, pk(KEYED, Access::SupervisorRead)),
+        ("other keys' bits do not matter", all, CR0, CR4_PKE, !(wd | ad), KEYED, Access::UserWrite, Ok(())),
+        ("keys without CR4.PKE", all, CR0, 0, wd | ad, KEYED, Access::UserWrite, Ok(())),
+        ("CR4.PKE without PKU", none, CR0, CR4_PKE, wd | ad, KEYED, Access::UserWrite, Ok(())),
+    ];
+    for (what, caps, cr0, cr4, pkru, address, access, want) in table {
+        let paging = Paging::from_regs(cr0, cr3, CR4_PAE | cr4, EFER, caps, pkru).unwrap();
+        let view = GuestView::new(&mem, paging);
+        let got = view.translate(address, access).map(|_| ()).map_err(|e| e.fault());
+        assert_eq!(got, want, "{what}");
+    }
 }

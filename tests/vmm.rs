@@ -325,10 +325,10 @@ fn precise_events_by_single_stepping() {
         let outcome = passes("precise", profile);
         assert_eq!(
             metric(&outcome, "steps"),
-            194,
-            "{profile}: one trap per stepped instruction"
+            194 + 11,
+            "{profile}: one step per stepped instruction (the first after LLWPCB is counted by it)"
         );
-        assert_eq!(outcome.lwp[0].records_stored, 12 + 6, "{profile}");
+        assert_eq!(outcome.lwp[0].records_stored, 12 + 6 + 1, "{profile}");
     }
 }
 
@@ -434,4 +434,30 @@ fn demo_succeeds() {
         text.contains("14 records: 10 LWPVAL samples, 4 LWPINS marks"),
         "{text}"
     );
+}
+
+#[test]
+fn privilege_comes_from_ss_not_cs() {
+    let outcome = passes("privilege", LwpProfile::Emulated);
+    assert_eq!(
+        metric(&outcome, "ud_not_lwp"),
+        4,
+        "three impossible frames and the forged one from CPL3"
+    );
+    assert_eq!(metric(&outcome, "lwpins"), 2, "the two frames the CPU pushes");
+}
+
+#[test]
+fn protection_keys_are_honoured_where_offered() {
+    let (outcome, text) = boot("pku", LwpProfile::Emulated, GuestLwpSupport::Shim, "");
+    assert!(
+        outcome.end == VmEnd::Guest(GuestEnd::ExitPort(0)) && text.contains(" 0 failed"),
+        "{text}"
+    );
+    let offered = text.contains("pku: offered");
+    assert!(
+        offered || text.contains("pku: not offered"),
+        "the guest says which case ran: {text}"
+    );
+    println!("protection keys {}offered here", if offered { "" } else { "not " });
 }

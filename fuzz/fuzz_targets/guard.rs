@@ -6,7 +6,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use lwpvmm::guard::{Access, GuestMemory, GuestView, Paging};
+use lwpvmm::guard::{Access, GuestMemory, GuestView, Paging, PagingCaps};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
 const ACCESSES: [Access; 6] = [
@@ -34,10 +34,18 @@ fuzz_target!(|data: &[u8]| {
         .expect("guest memory");
     let _ = mem.write_slice(&data[48..data.len().min(48 + 0x8000)], GuestAddress(0));
     let cr3 = u64_at(data, 0);
-    let cr4 = 0x20 | (u64_at(data, 8) & (1 << 20 | 1 << 21 | 1 << 17));
+    let cr4 = 0x20 | (u64_at(data, 8) & (1 << 20 | 1 << 21 | 1 << 17 | 1 << 22));
     let efer = 0x500 | (u64_at(data, 8) & (1 << 11));
     let cr0 = 0x8000_0001 | (u64_at(data, 8) & (1 << 16));
-    let Ok(paging) = Paging::from_regs(cr0, cr3, cr4, efer, data[16] % 64) else {
+    let flags = data[16] >> 6 | data[17] << 2;
+    let caps = PagingCaps {
+        maxphyaddr: data[16] % 64,
+        page_1g: flags & 1 != 0,
+        nx: flags & 2 != 0,
+        pku: flags & 4 != 0,
+    };
+    let pkru = u64_at(data, 40) as u32;
+    let Ok(paging) = Paging::from_regs(cr0, cr3, cr4, efer, caps, pkru) else {
         return;
     };
     let view = GuestView::new(&mem, paging);

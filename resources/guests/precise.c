@@ -6,7 +6,12 @@
  * (1), xor (1) = 195 instructions -> 12 IRE records, each at the 16k-th
  * instruction, which is always a `dec`; 96 branches -> 6 BRE records, the
  * first five taken to the loop and the last (the 96th, not taken) with the
- * loop as its target. */
+ * loop as its target.
+ *
+ * Then a stepped loop that rings the #DB doorbell itself from CPL3 (its port
+ * opened by precise.S): lwpvmm must refuse the ring without losing its place
+ * in the stepping, so every instruction is still counted and no stray #DB
+ * reaches the guest. */
 #include <x86intrin.h>
 #include "lib.h"
 #include "lwp.h"
@@ -53,6 +58,30 @@ int main(void)
     check_eq(ire_at_dec, 12, "IRE records at the retiring instruction");
     check_eq(bre, 6, "BRE: floor(96 / 16) records");
     check_eq(bre_ok, 6, "BRE records: the branch, its target, taken or not");
+
+    /* IRE with the counter at 11: the 12th instruction (mov, 3 x (out, dec,
+     * jnz), slwpcb, then xor) makes the one record, at the xor. */
+    cb.flags = LWP_IRE;
+    cb.head = 0;
+    cb.events[1].interval = 15;
+    cb.events[1].counter = 11;
+    memset(ring, 0, sizeof(ring));
+    u64 faults_before = fault_count, twelfth;
+    __asm__ volatile("lea 3f(%%rip), %0\n"
+                     "llwpcb %1\n"
+                     "mov $3, %%ecx\n"
+                     "2: out %%al, $0x5b\n"
+                     "dec %%ecx\n"
+                     "jnz 2b\n"
+                     "slwpcb %%rdx\n"
+                     "3: xor %%eax, %%eax\n"
+                     "llwpcb %%rax"
+                     : "=&r"(twelfth)
+                     : "r"(&cb)
+                     : "rax", "rcx", "rdx", "cc", "memory");
+    check_eq(fault_count, faults_before, "a CPL3 ring of the #DB doorbell reaches no handler");
+    check_eq(cb.head / sizeof(struct lwp_record), 1, "and stepping goes on: one IRE record");
+    check_eq(ring[0].ip, twelfth, "at the 12th instruction: none was lost");
 
     /* The guest's own single-step still reaches its own #DB handler. */
     u64 faults = fault_count;

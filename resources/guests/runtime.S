@@ -19,6 +19,7 @@
 #define TSS_SEL   0x28
 #define CODE32_SEL 0x38
 #define TSS_AP_SEL 0x40
+#define CONFORMING_SEL 0x50
 #define AP_TRAMPOLINE 0x8000
 
 #define PV_UD_PORT 0x5c
@@ -394,6 +395,7 @@ gdt_tss:
 gdt_tss_ap:
         .quad 0x0000890000000000 + (tss_end - tss - 1)
         .quad 0
+        .quad 0x00af9e000000ffff        /* 0x50 conforming code 64, DPL 0 */
 gdt_end:
 gdt_desc:
         .word gdt_end - gdt - 1

@@ -5,7 +5,9 @@ use std::fmt;
 
 use thiserror::Error;
 
-use crate::lwp::fault::{GuestFault, PF_FETCH, PF_PRESENT, PF_RESERVED, PF_USER, PF_WRITE};
+use crate::lwp::fault::{
+    GuestFault, PF_FETCH, PF_PRESENT, PF_PROTECTION_KEY, PF_RESERVED, PF_USER, PF_WRITE,
+};
 
 use super::paging::Access;
 
@@ -116,6 +118,16 @@ pub enum GuardError {
         /// The access.
         access: Access,
     },
+    /// A data access to a user page its protection key forbids (PKRU).
+    #[error("{address:#x} has protection key {key}, which PKRU forbids for this access")]
+    ProtectionKey {
+        /// The address.
+        address: u64,
+        /// The page's key.
+        key: u8,
+        /// The access.
+        access: Access,
+    },
     /// A supervisor access to a user page under SMAP or SMEP.
     #[error("supervisor access to user page {address:#x} under SMAP/SMEP")]
     UserPageFromSupervisor {
@@ -177,6 +189,9 @@ impl GuardError {
             | GuardError::UserPageFromSupervisor { address, access } => {
                 pf(address, access, PF_PRESENT)
             }
+            GuardError::ProtectionKey {
+                address, access, ..
+            } => pf(address, access, PF_PRESENT | PF_PROTECTION_KEY),
             GuardError::UnsupportedPaging(_)
             | GuardError::NonCanonical { .. }
             | GuardError::RangeWraps { .. }

@@ -11,7 +11,7 @@ pub mod paging;
 mod view;
 
 pub use error::{GuardError, Level};
-pub use paging::{Access, Paging, Translation};
+pub use paging::{Access, Paging, PagingCaps, Translation};
 pub use view::GuestView;
 
 /// The guest memory type the VMM uses.

@@ -1,6 +1,9 @@
 //! The page walker: guest-linear to guest-physical translation through the
 //! guest's own 4-level page tables, with the checks the CPU makes for each
 //! kind of access, and the Accessed/Dirty updates a CPU access would make.
+//! What the walk allows depends on what the guest's processor offers (1 GiB
+//! pages, NX, the physical-address width, protection keys), taken from the
+//! guest's own CPUID table, and on its control registers and PKRU.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -10,6 +13,7 @@ use vm_memory::{
 
 use super::GuestMemory;
 use super::error::{GuardError, Level};
+use crate::lwp::cpuid::CpuidEntry;
 
 const PTE_PRESENT: u64 = 1 << 0;
 const PTE_WRITABLE: u64 = 1 << 1;
@@ -18,6 +22,8 @@ const PTE_ACCESSED: u64 = 1 << 5;
 const PTE_DIRTY: u64 = 1 << 6;
 const PTE_LARGE: u64 = 1 << 7;
 const PTE_NX: u64 = 1 << 63;
+/// The protection key of a leaf entry (bits 62:59), with CR4.PKE.
+const PTE_KEY_SHIFT: u32 = 59;
 /// Address bits 51:12 of a paging entry.
 const PTE_ADDR: u64 = 0x000F_FFFF_FFFF_F000;
 
@@ -27,6 +33,7 @@ const CR4_PAE: u64 = 1 << 5;
 const CR4_LA57: u64 = 1 << 12;
 const CR4_SMEP: u64 = 1 << 20;
 const CR4_SMAP: u64 = 1 << 21;
+const CR4_PKE: u64 = 1 << 22;
 const EFER_LMA: u64 = 1 << 10;
 const EFER_NXE: u64 = 1 << 11;
 
@@ -71,27 +78,65 @@ impl Access {
     }
 }
 
-/// The paging state of a vCPU, taken from its control registers.
+/// What the guest's processor offers that changes a page walk, from the
+/// CPUID table the guest sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PagingCaps {
+    /// The physical-address width (CPUID 0x8000_0008.EAX[7:0]).
+    pub maxphyaddr: u8,
+    /// 1 GiB pages (0x8000_0001.EDX[26]): without them PS in a PDPTE is a
+    /// reserved bit.
+    pub page_1g: bool,
+    /// No-execute (0x8000_0001.EDX[20]).
+    pub nx: bool,
+    /// Protection keys for user pages (7.0.ECX[3]).
+    pub pku: bool,
+}
+
+/// The physical-address width when CPUID has no leaf 0x8000_0008.
+const DEFAULT_MAXPHYADDR: u8 = 36;
+
+impl PagingCaps {
+    /// The capabilities a CPUID table describes; a missing leaf offers
+    /// nothing (and the architectural 36-bit physical width).
+    pub fn from_cpuid(table: &[CpuidEntry]) -> Self {
+        let leaf = |leaf: u32| table.iter().find(|e| e.leaf == leaf && e.subleaf == 0);
+        let ext = leaf(0x8000_0001);
+        PagingCaps {
+            maxphyaddr: leaf(0x8000_0008).map_or(DEFAULT_MAXPHYADDR, |e| (e.eax & 0xff) as u8),
+            page_1g: ext.is_some_and(|e| e.edx & (1 << 26) != 0),
+            nx: ext.is_some_and(|e| e.edx & (1 << 20) != 0),
+            pku: leaf(7).is_some_and(|e| e.ecx & (1 << 3) != 0),
+        }
+    }
+}
+
+/// The paging state of a vCPU, taken from its control registers, PKRU and
+/// what its processor offers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Paging {
     pml4: u64,
     reserved_phys: u64,
     write_protect: bool,
     nx_enabled: bool,
+    page_1g: bool,
     smep: bool,
     smap: bool,
+    pkru: Option<u32>,
 }
 
 impl Paging {
-    /// Paging as the CPU would do it with these registers. `maxphyaddr` is
-    /// the guest's physical-address width (CPUID 0x8000_0008.EAX[7:0]).
-    /// Anything but 4-level long-mode paging is refused.
+    /// Paging as the CPU would do it with these registers, on a processor
+    /// offering `caps`. `pkru` is the vCPU's PKRU, used when CR4.PKE is set
+    /// (the caller may pass 0 otherwise). Anything but 4-level long-mode
+    /// paging is refused.
     pub fn from_regs(
         cr0: u64,
         cr3: u64,
         cr4: u64,
         efer: u64,
-        maxphyaddr: u8,
+        caps: PagingCaps,
+        pkru: u32,
     ) -> Result<Paging, GuardError> {
         if cr0 & CR0_PG == 0 || cr4 & CR4_PAE == 0 || efer & EFER_LMA == 0 {
             return Err(GuardError::UnsupportedPaging(
@@ -103,16 +148,24 @@ impl Paging {
                 "5-level paging (CR4.LA57) is not supported",
             ));
         }
-        let width = u32::from(maxphyaddr.clamp(32, 52));
+        let width = u32::from(caps.maxphyaddr.clamp(32, 52));
         let phys_mask = (1u64 << width) - 1;
         Ok(Paging {
             pml4: cr3 & PTE_ADDR & phys_mask,
             reserved_phys: PTE_ADDR & !phys_mask,
             write_protect: cr0 & CR0_WP != 0,
-            nx_enabled: efer & EFER_NXE != 0,
+            nx_enabled: caps.nx && efer & EFER_NXE != 0,
+            page_1g: caps.page_1g,
             smep: cr4 & CR4_SMEP != 0,
             smap: cr4 & CR4_SMAP != 0,
+            pkru: (caps.pku && cr4 & CR4_PKE != 0).then_some(pkru),
         })
+    }
+
+    /// True when protection keys apply (CR4.PKE on a processor with PKU):
+    /// the caller must then have passed the vCPU's real PKRU.
+    pub fn keys_enabled(&self) -> bool {
+        self.pkru.is_some()
     }
 
     /// Physical address of the PML4 table (CR3 with PCID and flag bits
@@ -226,9 +279,12 @@ fn walk(
                 paging,
                 address,
                 access,
-                supervisor_at,
-                read_only_at,
-                no_execute,
+                Leaf {
+                    supervisor_at,
+                    read_only_at,
+                    no_execute,
+                    key: ((entry >> PTE_KEY_SHIFT) & 0xf) as u8,
+                },
             )?;
             return Ok(Walked {
                 entries,
@@ -252,6 +308,7 @@ fn reserved_bits(paging: &Paging, level: Level, entry: u64) -> u64 {
     let large = entry & PTE_LARGE != 0;
     reserved |= match level {
         Level::Pml4 => PTE_LARGE,
+        Level::Pdpt if large && !paging.page_1g => PTE_LARGE,
         Level::Pdpt if large => 0x3FFF_E000,
         Level::Pd if large => 0x001F_E000,
         _ => 0,
@@ -259,14 +316,26 @@ fn reserved_bits(paging: &Paging, level: Level, entry: u64) -> u64 {
     reserved
 }
 
+/// What the walk gathered on the way to the leaf.
+struct Leaf {
+    supervisor_at: Option<Level>,
+    read_only_at: Option<Level>,
+    no_execute: bool,
+    key: u8,
+}
+
 fn check_permissions(
     paging: &Paging,
     address: u64,
     access: Access,
-    supervisor_at: Option<Level>,
-    read_only_at: Option<Level>,
-    no_execute: bool,
+    leaf: Leaf,
 ) -> Result<(), GuardError> {
+    let Leaf {
+        supervisor_at,
+        read_only_at,
+        no_execute,
+        key,
+    } = leaf;
     let user_page = supervisor_at.is_none();
     if let (true, Some(level)) = (access.is_user(), supervisor_at) {
         return Err(GuardError::SupervisorOnly {
@@ -296,6 +365,21 @@ fn check_permissions(
     }
     if access.is_fetch() && no_execute {
         return Err(GuardError::NoExecute { address, access });
+    }
+    // Protection keys govern data accesses to user pages, from either
+    // privilege; write-disable binds supervisor writes only with CR0.WP.
+    if let (Some(pkru), true, false) = (paging.pkru, user_page, access.is_fetch()) {
+        let access_disabled = pkru >> (2 * key) & 1 != 0;
+        let write_disabled = pkru >> (2 * key + 1) & 1 != 0;
+        let write_blocked =
+            access.is_write() && write_disabled && (access.is_user() || paging.write_protect);
+        if access_disabled || write_blocked {
+            return Err(GuardError::ProtectionKey {
+                address,
+                key,
+                access,
+            });
+        }
     }
     Ok(())
 }

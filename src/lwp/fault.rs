@@ -13,6 +13,8 @@ pub const PF_USER: u32 = 1 << 2;
 pub const PF_RESERVED: u32 = 1 << 3;
 /// #PF error-code bit: the access was an instruction fetch.
 pub const PF_FETCH: u32 = 1 << 4;
+/// #PF error code: a protection key forbade the access.
+pub const PF_PROTECTION_KEY: u32 = 1 << 5;
 
 /// An exception the guest receives as if the LWP instruction had raised it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -115,6 +115,14 @@ pub fn retired_branch(bytes: &[u8], rip: u64, next: u64) -> Option<Branch> {
     }
 }
 
+/// The length of the 64-bit instruction `bytes` start with, when they
+/// decode to one.
+pub fn length(bytes: &[u8], rip: u64) -> Option<u64> {
+    let mut decoder = Decoder::try_with_ip(64, bytes, rip, DecoderOptions::NONE).ok()?;
+    let insn = decoder.decode();
+    (!insn.is_invalid()).then(|| insn.len() as u64)
+}
+
 /// Reads up to [`MAX_INSN_LEN`] instruction bytes at `rip`, stopping at the
 /// first page that cannot be fetched. Fails only when not even the first
 /// byte can be.
@@ -319,7 +327,16 @@ fn write_reg(ctx: &mut Context<'_>, reg: Register, value: u64) {
 mod tests {
     use super::*;
     use crate::guard::pagetable::{PageTables, PteFlags};
-    use crate::guard::{GuestMemory, Paging};
+    use crate::guard::{GuestMemory, Paging, PagingCaps};
+
+    /// A processor with 1 GiB pages, NX, 48 physical-address bits and no
+    /// protection keys.
+    const CAPS: PagingCaps = PagingCaps {
+        maxphyaddr: 48,
+        page_1g: true,
+        nx: true,
+        pku: false,
+    };
     use crate::lwp::cpuid::LwpProfile;
     use crate::lwp::lwpcb::LwpcbFixed;
     use crate::lwp::record::EventRecord;
@@ -364,7 +381,7 @@ mod tests {
 
     impl Rig {
         fn exec(&mut self, bytes: &[u8], rflags: u64) -> (Outcome, u64, u64) {
-            let paging = Paging::from_regs(0x8001_0001, self.cr3, 0x20, 0xD00, 48).unwrap();
+            let paging = Paging::from_regs(0x8001_0001, self.cr3, 0x20, 0xD00, CAPS, 0).unwrap();
             let mut view = GuestView::new(&self.mem, paging);
             let mut ctx = Context {
                 regs: &mut self.regs,
@@ -537,7 +554,7 @@ mod tests {
     #[test]
     fn no_unit_means_not_lwp() {
         let mut r = rig();
-        let paging = Paging::from_regs(0x8001_0001, r.cr3, 0x20, 0xD00, 48).unwrap();
+        let paging = Paging::from_regs(0x8001_0001, r.cr3, 0x20, 0xD00, CAPS, 0).unwrap();
         let mut view = GuestView::new(&r.mem, paging);
         let mut ctx = Context {
             regs: &mut r.regs,

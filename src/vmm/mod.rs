@@ -4,10 +4,12 @@
 pub mod boot;
 pub mod cpuid;
 pub mod devices;
+pub mod guest_paging;
 pub mod lwp_insn;
 pub mod metrics;
 pub mod output;
 pub mod pause;
+pub mod privilege;
 pub mod ratelimit;
 pub mod seccomp;
 pub mod signals;

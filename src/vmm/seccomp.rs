@@ -137,6 +137,7 @@ ioctl_iow_nr!(
 ioctl_ior_nr!(KVM_GET_DEBUGREGS, KVMIO, 0xa1, kvm_bindings::kvm_debugregs);
 ioctl_iow_nr!(KVM_SIGNAL_MSI, KVMIO, 0xa5, kvm_bindings::kvm_msi);
 ioctl_ior_nr!(KVM_GET_XCRS, KVMIO, 0xa6, kvm_bindings::kvm_xcrs);
+ioctl_ior_nr!(KVM_GET_XSAVE, KVMIO, 0xa4, kvm_bindings::kvm_xsave);
 ioctl_ior_nr!(KVM_GET_XSAVE2, KVMIO, 0xcf, kvm_bindings::kvm_xsave);
 ioctl_iowr_nr!(KVM_GET_IRQCHIP, KVMIO, 0x62, kvm_bindings::kvm_irqchip);
 ioctl_ior_nr!(KVM_GET_CLOCK, KVMIO, 0x7c, kvm_bindings::kvm_clock_data);
@@ -155,9 +156,10 @@ pub fn ioctls(kind: ThreadKind) -> Vec<(&'static str, u64)> {
             ("KVM_SET_VCPU_EVENTS", KVM_SET_VCPU_EVENTS()),
             ("KVM_SET_GUEST_DEBUG", KVM_SET_GUEST_DEBUG()),
             ("KVM_SIGNAL_MSI", KVM_SIGNAL_MSI()),
-            // PKRU, for the guard's protection-key checks, and snapshots.
-            ("KVM_GET_XSAVE2", KVM_GET_XSAVE2()),
+            // PKRU, for the guard's protection-key checks under CR4.PKE.
+            ("KVM_GET_XSAVE", KVM_GET_XSAVE()),
             // Saving the vCPU's state for a snapshot.
+            ("KVM_GET_XSAVE2", KVM_GET_XSAVE2()),
             ("KVM_GET_REGS", KVM_GET_REGS()),
             ("KVM_GET_SREGS", KVM_GET_SREGS()),
             ("KVM_GET_MSRS", KVM_GET_MSRS()),

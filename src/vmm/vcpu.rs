@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use kvm_bindings::{
     KVM_GUESTDBG_ENABLE, KVM_GUESTDBG_SINGLESTEP, kvm_debug_exit_arch, kvm_guest_debug, kvm_msi,
-    kvm_regs, kvm_run, kvm_segment, kvm_sregs,
+    kvm_regs, kvm_run, kvm_sregs,
 };
 use kvm_ioctls::{SyncReg, VcpuExit, VcpuFd, VmFd};
 use thiserror::Error;
@@ -19,10 +19,12 @@ use super::devices::{GuestEnd, PortAction, PortBus};
 use super::lwp_insn::{self, Context, LwpMnemonic, MAX_INSN_LEN, Outcome};
 use super::metrics::Metrics;
 use super::pause::PauseGate;
+use super::privilege;
 use super::snapshot::LwpSection;
 use super::step::{self, StepBackend};
 use super::vcpu_state;
-use crate::guard::{Access, GuestMemory, GuestView, Paging};
+use super::guest_paging::PagingSource;
+use crate::guard::{Access, GuardError, GuestMemory, GuestView, Paging};
 use crate::guest_warn;
 use crate::lwp::cpuid::CpuidEntry;
 use crate::lwp::cpuid::LwpFeatures;
@@ -62,16 +64,8 @@ const KVM_INTERNAL_ERROR_EMULATION: u32 = 1;
 /// FWAIT's opcode.
 const FWAIT: u8 = 0x9b;
 const KVM_INTERNAL_ERROR_EMULATION_FLAG_INSTRUCTION_BYTES: u64 = 1;
-/// The guest physical-address width lwpvmm assumes for page walks.
-pub const MAXPHYADDR: u8 = 48;
-
 /// The address bits of CR3 (PCID and flag bits masked).
 const CR3_ADDR: u64 = 0x000F_FFFF_FFFF_F000;
-
-/// The paging a vCPU's special registers describe.
-pub fn paging_of(sregs: &kvm_sregs) -> Result<Paging, crate::guard::GuardError> {
-    Paging::from_regs(sregs.cr0, sregs.cr3, sregs.cr4, sregs.efer, MAXPHYADDR)
-}
 
 /// Why a vCPU stopped the VM with an error.
 #[derive(Debug, Error)]
@@ -172,6 +166,7 @@ pub struct Vcpu {
     fd: VcpuFd,
     id: u8,
     cpuid: Vec<CpuidEntry>,
+    paging: PagingSource,
     unit: Option<LwpUnit>,
     instructions: bool,
     tsc_offset: i64,
@@ -180,12 +175,18 @@ pub struct Vcpu {
     lwpcb_cr3: Option<u64>,
     db_declared: bool,
     step_from: Option<u64>,
+    /// A port instruction of the stepped context that exited: (its address,
+    /// the address after it). kvm_pvm completes such an instruction
+    /// without the single-step trap, so the next trap retires two.
+    pio_step: Option<(u64, u64)>,
     backend: StepBackend,
     stepping: bool,
 }
 
 impl Vcpu {
     /// A vCPU with its LWP unit (`None` when the VM has no LWP).
+    /// `cpuid` is the table lwpvmm set, `paging` what the guard takes from
+    /// the table KVM reports back (a host module may add bits of its own).
     /// `instructions` is false for a stock guest: its LWP instructions #UD
     /// (CPUID tells it LwpAvail = 0) while the MSRs still work.
     /// `tsc_offset` turns the host TSC into the guest's.
@@ -193,6 +194,7 @@ impl Vcpu {
         fd: VcpuFd,
         id: u8,
         cpuid: Vec<CpuidEntry>,
+        paging: PagingSource,
         unit: Option<LwpUnit>,
         instructions: bool,
         tsc_offset: i64,
@@ -200,6 +202,7 @@ impl Vcpu {
         Vcpu {
             fd,
             id,
+            paging,
             cpuid,
             unit,
             instructions,
@@ -209,6 +212,7 @@ impl Vcpu {
             lwpcb_cr3: None,
             db_declared: false,
             step_from: None,
+            pio_step: None,
             backend: StepBackend::TrapFlag,
             stepping: false,
         }
@@ -257,7 +261,7 @@ impl Vcpu {
             };
             match seen {
                 None => return Ok(StepBackend::TrapFlag),
-                Some(None) if self.fd.sync_regs().sregs.cs.dpl == 3 => {
+                Some(None) if privilege::is_user(&self.fd.sync_regs().sregs) => {
                     return Ok(StepBackend::GuestDebug);
                 }
                 Some(Some(super::devices::POST_PORT)) if !enabled => {
@@ -301,12 +305,12 @@ impl Vcpu {
             return Ok(());
         };
         let sregs = self.fd.sync_regs().sregs;
-        if sregs.cs.dpl != 3 {
+        if !privilege::is_user(&sregs) {
             return Ok(());
         }
         let tsc = self.guest_tsc();
-        if let (Some(prev), Some(unit), Ok(paging)) =
-            (self.step_from, self.unit.as_mut(), paging_of(&sregs))
+        if let (Some(prev), Ok(paging), Some(unit)) =
+            (self.step_from, self.paging(&sregs), self.unit.as_mut())
         {
             shared.metrics.steps.fetch_add(1, Ordering::Relaxed);
             step::retire(
@@ -347,29 +351,47 @@ impl Vcpu {
     fn db_doorbell(&mut self, shared: &Shared) {
         let sync = self.fd.sync_regs();
         let (mut regs, sregs) = (sync.regs, sync.sregs);
-        let Some(prev) = self.step_from.take().filter(|_| sregs.cs.dpl == 0) else {
-            regs.rflags |= RFLAGS_CF;
-            self.commit_regs(regs);
-            return;
-        };
-        let Ok(paging) = paging_of(&sregs) else {
-            regs.rflags |= RFLAGS_CF;
-            self.commit_regs(regs);
-            return;
-        };
-        let mut view = GuestView::new(&shared.mem, paging);
-        let mut frame = Frame::default();
-        if view
-            .read(regs.rsp, frame.as_mut_slice(), Access::SupervisorRead)
-            .is_err()
-        {
-            regs.rflags |= RFLAGS_CF;
-            self.commit_regs(regs);
+        // Every check comes before the stepping state is taken, so that a
+        // refused ring leaves the stepping in progress intact. A ring from
+        // outside CPL0 has no handler to answer and changes nothing: writing
+        // the registers would also cancel the single-step trap KVM holds
+        // pending for the `out` itself.
+        if !privilege::is_kernel(&sregs) {
             return;
         }
-        let user = frame.cs & 3 == 3;
+        let checked = self
+            .paging(&sregs)
+            .ok()
+            .and_then(|paging| {
+                let view = GuestView::new(&shared.mem, paging);
+                let mut frame = Frame::default();
+                view.read(regs.rsp, frame.as_mut_slice(), Access::SupervisorRead)
+                    .ok()?;
+                let cpl = privilege::frame_privilege(&view, &sregs, frame.cs, frame.ss).ok()?;
+                Some((view, frame, cpl == 3))
+            });
+        let Some((mut view, mut frame, user)) = checked else {
+            regs.rflags |= RFLAGS_CF;
+            self.commit_regs(regs);
+            return;
+        };
+        let Some(mut prev) = self.step_from.take() else {
+            regs.rflags |= RFLAGS_CF;
+            self.commit_regs(regs);
+            return;
+        };
         let tsc = self.guest_tsc();
         if let (true, Some(unit)) = (user, self.unit.as_mut()) {
+            if let Some((at, after)) = self.pio_step.take()
+                && at == prev
+                && frame.rip != after
+            {
+                // The trap after the port instruction was lost: it retired
+                // first, then the instruction at `after`.
+                shared.metrics.steps.fetch_add(1, Ordering::Relaxed);
+                step::retire(unit, &mut view, prev, after, tsc);
+                prev = after;
+            }
             shared.metrics.steps.fetch_add(1, Ordering::Relaxed);
             step::retire(unit, &mut view, prev, frame.rip, tsc);
         }
@@ -397,7 +419,7 @@ impl Vcpu {
         }
         let sync = self.fd.sync_regs();
         let (mut regs, sregs) = (sync.regs, sync.sregs);
-        if !self.precise_live(sregs.cs.dpl == 3, sregs.cr3) {
+        if !self.precise_live(privilege::is_user(&sregs), sregs.cr3) {
             return Ok(());
         }
         self.step_from = Some(regs.rip);
@@ -409,6 +431,28 @@ impl Vcpu {
             }
             StepBackend::GuestDebug => self.guest_debug(true),
         }
+    }
+
+    /// Notes a port instruction of the context being stepped, after its
+    /// exit (see `pio_step`). KVM reports RIP at the instruction or, as
+    /// kvm_pvm does, already after it.
+    fn note_pio_step(&mut self, shared: &Shared) {
+        let sync = self.fd.sync_regs();
+        let (rip, sregs) = (sync.regs.rip, sync.sregs);
+        let (Some(at), true) = (self.step_from, privilege::is_user(&sregs)) else {
+            return;
+        };
+        let Ok(paging) = self.paging(&sregs) else {
+            return;
+        };
+        let view = GuestView::new(&shared.mem, paging);
+        let after = lwp_insn::fetch(&view, at, true)
+            .ok()
+            .and_then(|(bytes, len)| lwp_insn::length(&bytes[..len], at))
+            .map(|n| at.wrapping_add(n));
+        self.pio_step = after
+            .filter(|&after| rip == at || rip == after)
+            .map(|after| (at, after));
     }
 
     /// The flag the sampler sets before it kicks this vCPU.
@@ -442,8 +486,9 @@ impl Vcpu {
         shared.metrics.sampler_kicks.fetch_add(1, Ordering::Relaxed);
         let sync = self.fd.sync_regs();
         let (rip, sregs) = (sync.regs.rip, sync.sregs);
-        let live = sregs.cs.dpl == 3 && self.lwpcb_cr3 == Some(sregs.cr3 & CR3_ADDR);
-        let (Some(unit), true, Ok(paging)) = (self.unit.as_mut(), live, paging_of(&sregs)) else {
+        let live = privilege::is_user(&sregs) && self.lwpcb_cr3 == Some(sregs.cr3 & CR3_ADDR);
+        let paging = self.paging(&sregs);
+        let (Some(unit), true, Ok(paging)) = (self.unit.as_mut(), live, paging) else {
             return;
         };
         let mut view = GuestView::new(&shared.mem, paging);
@@ -491,6 +536,12 @@ impl Vcpu {
         }
         self.deliver_interrupt(shared);
         self.arm_stepping()
+    }
+
+    /// The vCPU's paging as the guard walks it, from `sregs` (the current
+    /// special registers), its CPUID and, under CR4.PKE, its PKRU.
+    fn paging(&self, sregs: &kvm_sregs) -> Result<Paging, GuardError> {
+        self.paging.of_vcpu(&self.fd, sregs)
     }
 
     /// The vCPU's index (its APIC ID).
@@ -587,8 +638,10 @@ impl Vcpu {
                 // then returns EINTR: a consistent point to save state.
                 self.fd.set_kvm_immediate_exit(1);
             }
+            let mut port_exit = false;
             let action = match self.fd.run() {
                 Ok(VcpuExit::IoOut(port, data)) => {
+                    port_exit = true;
                     shared.metrics.exits_io.fetch_add(1, Ordering::Relaxed);
                     let action = shared
                         .bus
@@ -603,6 +656,7 @@ impl Vcpu {
                     action
                 }
                 Ok(VcpuExit::IoIn(port, data)) => {
+                    port_exit = true;
                     shared.metrics.exits_io.fetch_add(1, Ordering::Relaxed);
                     if shared
                         .bus
@@ -677,6 +731,9 @@ impl Vcpu {
                 }
                 Err(source) => return Err(VcpuError::Run { vcpu: id, source }),
             };
+            if port_exit && self.step_from.is_some() {
+                self.note_pio_step(shared);
+            }
             match action {
                 PortAction::End(end) => return Ok(VcpuStop::Ended(end)),
                 PortAction::UdDoorbell => self.ud_doorbell(shared)?,
@@ -765,14 +822,15 @@ impl Vcpu {
         regs: &kvm_regs,
         sregs: &kvm_sregs,
     ) -> (StateStatus, Option<GuestFault>) {
-        if sregs.cs.dpl != 0 {
+        if !privilege::is_kernel(sregs) {
             return (StateStatus::BadCall, None);
         }
         let in_lwpcb_space = self.lwpcb_cr3 == Some(sregs.cr3 & CR3_ADDR);
+        let paging = self.paging(sregs);
         let Some(unit) = self.unit.as_mut() else {
             return (StateStatus::NoLwp, None);
         };
-        let Ok(paging) = paging_of(sregs) else {
+        let Ok(paging) = paging else {
             return (StateStatus::BadCall, None);
         };
         let mut view = GuestView::new(&shared.mem, paging);
@@ -828,16 +886,21 @@ impl Vcpu {
         regs: &mut kvm_regs,
         sregs: &kvm_sregs,
     ) -> Result<Option<GuestFault>, Option<String>> {
-        if sregs.cs.dpl != 0 {
-            return Err(Some("doorbell rung from CPL3".into()));
+        if !privilege::is_kernel(sregs) {
+            return Err(Some(format!(
+                "doorbell rung at CPL{}",
+                privilege::cpl(sregs)
+            )));
         }
-        let paging = paging_of(sregs).map_err(|e| Some(e.to_string()))?;
+        let paging = self.paging(sregs).map_err(|e| Some(e.to_string()))?;
         let mut view = GuestView::new(&shared.mem, paging);
         let mut frame = Frame::default();
         view.read(regs.rsp, frame.as_mut_slice(), Access::SupervisorRead)
             .and_then(|()| view.check(regs.rsp, FRAME_SIZE, Access::SupervisorWrite))
             .map_err(|e| Some(format!("exception frame at {:#x}: {e}", regs.rsp)))?;
-        let user = frame.cs & 3 == 3;
+        let user = privilege::frame_privilege(&view, sregs, frame.cs, frame.ss)
+            .map_err(|e| Some(format!("exception frame at {:#x}: {e}", regs.rsp)))?
+            == 3;
         let (bytes, len) = match lwp_insn::fetch(&view, frame.rip, user) {
             Ok(b) => b,
             Err(fault) => return Ok(Some(fault)),
@@ -903,13 +966,13 @@ impl Vcpu {
     ) -> Result<(), VcpuError> {
         let id = self.id;
         let unwound = (|| {
-            let paging = paging_of(&sregs).ok()?;
+            let paging = self.paging(&sregs).ok()?;
             let view = GuestView::new(&shared.mem, paging);
             let mut frame = Frame::default();
             view.read(regs.rsp, frame.as_mut_slice(), Access::SupervisorRead)
                 .ok()?;
-            let cs = load_segment(&view, &sregs, frame.cs)?;
-            let ss = load_segment(&view, &sregs, frame.ss)?;
+            let cs = privilege::load_segment(&view, &sregs, u16::try_from(frame.cs).ok()?)?;
+            let ss = privilege::load_segment(&view, &sregs, u16::try_from(frame.ss).ok()?)?;
             Some((frame, cs, ss))
         })();
         let Some((frame, cs, ss)) = unwound else {
@@ -986,14 +1049,14 @@ impl Vcpu {
         let has_bytes = suberror == KVM_INTERNAL_ERROR_EMULATION
             && flags & KVM_INTERNAL_ERROR_EMULATION_FLAG_INSTRUCTION_BYTES != 0;
         let len = usize::from(size).min(MAX_INSN_LEN);
-        if has_bytes && len > 0 && raw[0] == FWAIT && sregs.cs.dpl == 0 {
+        if has_bytes && len > 0 && raw[0] == FWAIT && privilege::is_kernel(&sregs) {
             shared.metrics.cpl0_fwait.fetch_add(1, Ordering::Relaxed);
             regs.rip = regs.rip.wrapping_add(1);
             self.commit_regs(regs);
             return Ok(());
         }
         if has_bytes && len > 0 {
-            let paging = paging_of(&sregs);
+            let paging = self.paging(&sregs);
             if let Ok(paging) = paging {
                 let mut view = GuestView::new(&shared.mem, paging);
                 let tsc = self.guest_tsc();
@@ -1003,7 +1066,7 @@ impl Vcpu {
                     rsp,
                     rflags: sync.regs.rflags,
                     rip: sync.regs.rip,
-                    user: sregs.cs.dpl == 3,
+                    user: privilege::is_user(&sregs),
                     fs_base: sregs.fs.base,
                     gs_base: sregs.gs.base,
                 };
@@ -1149,41 +1212,6 @@ struct Frame {
 // SAFETY: Frame is repr(C) and made only of u64 fields, so it has no padding
 // and every byte pattern is a valid value.
 unsafe impl ByteValued for Frame {}
-
-/// The segment register a selector loads, read from the guest's GDT.
-fn load_segment(view: &GuestView<'_>, sregs: &kvm_sregs, selector: u64) -> Option<kvm_segment> {
-    let selector = u16::try_from(selector).ok()?;
-    let index = u64::from(selector & !7);
-    if selector & 4 != 0 || index + 7 > u64::from(sregs.gdt.limit) {
-        return None;
-    }
-    let mut d = [0u8; 8];
-    view.read(
-        sregs.gdt.base.checked_add(index)?,
-        &mut d,
-        Access::SupervisorRead,
-    )
-    .ok()?;
-    let d = u64::from_le_bytes(d);
-    let bit = |n: u32| ((d >> n) & 1) as u8;
-    let limit = ((d & 0xffff) | ((d >> 32) & 0xf_0000)) as u32;
-    let g = bit(55);
-    Some(kvm_segment {
-        base: ((d >> 16) & 0xff_ffff) | ((d >> 32) & 0xff00_0000),
-        limit: if g == 1 { (limit << 12) | 0xfff } else { limit },
-        selector,
-        type_: ((d >> 40) & 0xf) as u8,
-        present: bit(47),
-        dpl: ((d >> 45) & 3) as u8,
-        db: bit(54),
-        s: bit(44),
-        l: bit(53),
-        g,
-        avl: bit(52),
-        unusable: u8::from(bit(47) == 0),
-        padding: 0,
-    })
-}
 
 #[cfg(test)]
 mod tests {

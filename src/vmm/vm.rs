@@ -39,7 +39,8 @@ use super::seccomp::{self, SeccompError, SeccompMode, ThreadKind};
 use super::signals::{self, StopSignals};
 use super::snapshot::{self, MemoryLayout, SnapshotError, VcpuSnapshot, VmKvmState, VmSnapshot};
 use super::step::StepBackend;
-use super::vcpu::{Shared, Vcpu, VcpuError, VcpuStop, kick_handler, paging_of};
+use super::guest_paging::PagingSource;
+use super::vcpu::{Shared, Vcpu, VcpuError, VcpuStop, kick_handler};
 use super::vcpu_state::{self, VcpuStateError};
 use crate::guard::{Access, GuestMemory, GuestView};
 use crate::lwp::cpuid::{CpuidEntry, GuestLwpSupport, LwpFeatures, LwpProfile, UnknownProfile};
@@ -343,10 +344,26 @@ fn create_machine(
         let kvm_cpuid = CpuId::from_entries(&kvm_table)
             .map_err(|_| VmError::MissingCap("room for the CPUID table"))?;
         fd.set_cpuid2(&kvm_cpuid).map_err(setup("KVM_SET_CPUID2"))?;
+        // What the guest sees: kvm_pvm ORs host bits into leaves 1 and 7.
+        let seen: Vec<CpuidEntry> = fd
+            .get_cpuid2(KVM_MAX_CPUID_ENTRIES)
+            .map_err(setup("KVM_GET_CPUID2"))?
+            .as_slice()
+            .iter()
+            .map(from_kvm)
+            .collect();
         let unit = profile.caps().map(LwpUnit::new);
         let tsc_offset = tsc_offset(&fd)?;
         let instructions = guest == GuestLwpSupport::Shim;
-        vcpus.push(Vcpu::new(fd, id, table, unit, instructions, tsc_offset));
+        vcpus.push(Vcpu::new(
+            fd,
+            id,
+            table,
+            PagingSource::new(&seen),
+            unit,
+            instructions,
+            tsc_offset,
+        ));
     }
     let precise = profile
         .caps()
@@ -606,7 +623,10 @@ fn restore_lwp(
         ));
     }
     if let Some(block) = unit.block() {
-        let paging = paging_of(&saved.sregs).map_err(|e| bad(e.to_string()))?;
+        let xsave: Vec<u8> = saved.xsave.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let paging = PagingSource::new(&saved.cpuid)
+            .paging(&saved.sregs, Some(&xsave))
+            .map_err(|e| bad(e.to_string()))?;
         GuestView::new(mem, paging)
             .check(block.address, u64::from(caps.cb_size()), Access::UserWrite)
             .map_err(|e| {
