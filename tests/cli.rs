@@ -156,3 +156,165 @@ fn profile_runs_a_users_program_and_reports_it() {
     assert!(String::from_utf8_lossy(&refused.stderr).contains("16 MiB"));
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// Waits until `path` holds `text` (the run is then under way).
+fn wait_for(path: &std::path::Path, text: &str, child: &mut std::process::Child) {
+    let started = std::time::Instant::now();
+    while !std::fs::read_to_string(path).is_ok_and(|t| t.contains(text)) {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "lwpvmm ended before writing {text:?}"
+        );
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "no {text:?} in {} after 60 s",
+            path.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// SIGINT and SIGTERM stop the VM at once and cleanly: the console (to a
+/// file, written through line by line while the VM runs), the trace and the
+/// metrics are all there, one line says why, and the status is 128 + N.
+#[test]
+fn signals_stop_the_vm_cleanly() {
+    require_kvm();
+    let dir = std::env::temp_dir().join(format!("lwpvmm-signals-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let kernel = dir.join("replay.elf");
+    std::fs::write(&kernel, lwpvmm::guests::get("replay").unwrap()).unwrap();
+    // (signal, its number)
+    for (signal, number) in [("INT", 2), ("TERM", 15)] {
+        let (console, trace, metrics) = (
+            dir.join(format!("{signal}.console")),
+            dir.join(format!("{signal}.trace")),
+            dir.join(format!("{signal}.json")),
+        );
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
+            .args(["run", "--kernel"])
+            .arg(&kernel)
+            .args(["--memory", "64", "--cmdline", "iterations=1000000000"])
+            .arg("--serial")
+            .arg(&console)
+            .arg("--trace")
+            .arg(&trace)
+            .arg("--metrics")
+            .arg(&metrics)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_for(&console, "replay: starting", &mut child);
+        let kill = std::process::Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(kill.success());
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(128 + number), "SIG{signal}: {err}");
+        assert!(
+            err.contains(&format!("SIG{signal} received: the VM was stopped")),
+            "{err}"
+        );
+        let m: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&metrics).unwrap()).unwrap();
+        assert_eq!(m["end"]["signal"], number, "{m}");
+        assert!(m["vm"]["lwpval"].as_u64().unwrap() > 0, "{m}");
+        let report = lwpvmm(&["report", trace.to_str().unwrap(), "--event", "1"]);
+        let text = String::from_utf8_lossy(&report.stdout);
+        assert!(report.status.success(), "{report:?}");
+        assert!(
+            !text.contains("# 0 records"),
+            "the trace has records:\n{text}"
+        );
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// `report` refuses what it cannot honour and reports what it can: an
+/// unknown EventId, a flamegraph with no samples (nothing is written), and
+/// a trace whose last line a killed run cut short (a warning, and the
+/// complete lines before it).
+#[test]
+fn report_edge_cases() {
+    let dir = std::env::temp_dir().join(format!("lwpvmm-report-edges-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = std::fs::read_to_string(format!(
+        "{}/tests/data/report.trace",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap();
+    let cut = dir.join("cut.trace");
+    std::fs::write(&cut, format!("{good}{{\"vcpu\":0,\"cr3\":10")).unwrap();
+    let svg = dir.join("none.svg");
+    let trace = format!("{}/tests/data/report.trace", env!("CARGO_MANIFEST_DIR"));
+    let (trace, cut_s, svg_s) = (trace.as_str(), cut.to_str().unwrap(), svg.to_str().unwrap());
+    // (arguments, exit status, text on stdout or stderr)
+    let table: [(Vec<&str>, i32, &str); 4] = [
+        (
+            vec!["report", trace, "--event", "99"],
+            2,
+            "--event 99 is not an LWP EventId",
+        ),
+        (
+            vec!["report", trace, "--event", "2", "--svg", svg_s],
+            2,
+            "no flamegraph or folded stack to write",
+        ),
+        (vec!["report", cut_s], 0, "is cut short"),
+        (vec!["report", cut_s], 0, "# 15 records of EventId 5"),
+    ];
+    for (args, status, want) in table {
+        let out = lwpvmm(&args);
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.status.code(), Some(status), "{args:?}: {text}");
+        assert!(text.contains(want), "{args:?}: `{want}` not in: {text}");
+    }
+    assert!(!svg.exists(), "a refused flamegraph leaves no file");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// `report` streams: a trace far larger than the address space it may use
+/// (prlimit --as) is reported.
+#[test]
+fn report_streams_a_trace_larger_than_its_memory() {
+    let dir = std::env::temp_dir().join(format!("lwpvmm-report-big-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let big = dir.join("big.trace");
+    {
+        use std::io::Write;
+        let line = r#"{"vcpu":0,"cr3":4096,"event":5,"core":0,"flags":0,"data1":0,"data2":0,"ip":4198400,"timestamp":7}"#;
+        let chunk = format!("{line}\n").repeat(10_000);
+        let mut w = std::fs::File::create(&big).unwrap();
+        writeln!(
+            w,
+            r#"{{"lwpvmm_trace":2,"profile":"emulated","sample_hz":1000}}"#
+        )
+        .unwrap();
+        for _ in 0..120 {
+            w.write_all(chunk.as_bytes()).unwrap();
+        }
+    }
+    let size = std::fs::metadata(&big).unwrap().len();
+    let limit: u64 = 48 << 20;
+    assert!(
+        size > 2 * limit,
+        "the trace ({size} bytes) must exceed the limit"
+    );
+    let out = std::process::Command::new("prlimit")
+        .arg(format!("--as={limit}"))
+        .arg(env!("CARGO_BIN_EXE_lwpvmm"))
+        .args(["report", big.to_str().unwrap()])
+        .output()
+        .expect("run prlimit (util-linux)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(text.contains("# 1200000 records"), "{text}");
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -8,9 +8,16 @@
 //! These tests need /dev/kvm and fail, loudly, where it is missing; building
 //! the kernel needs the packages build.sh installs (apt-get, as root).
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::sync::OnceLock;
+
+/// The self-test's line for /sysentry: patch 0001 (the SYSCALL quirk) runs
+/// a system call only after a real SYSCALL, and gives back only the flags a
+/// user may set.
+const SYSENTRY: &str = "ok - /sysentry: patch 0001 runs only real SYSCALLs, with user flags";
 
 fn require_kvm() {
     assert!(
@@ -111,7 +118,8 @@ fn lwp_programs_pass_and_their_profile_puts_the_hot_function_on_top() {
         "ok - /lwp-faults",
         "ok - /lwp-hot",
         "ok - /lwp-threshold",
-        "lwp-linux-selftest: 14 passed, 0 failed",
+        SYSENTRY,
+        "lwp-linux-selftest: 15 passed, 0 failed",
     ] {
         assert!(console.contains(line), "missing {line:?}:\n{console}");
     }
@@ -137,7 +145,8 @@ fn a_stock_guest_sees_the_leaf_but_runs_no_lwp_programs() {
     let (out, console) = run_linux(&["--lwp", "bulldozer", "--guest", "stock"]);
     assert_eq!(out.status.code(), Some(0), "{console}");
     for line in [
-        "lwp-linux-selftest: 9 passed, 0 failed",
+        SYSENTRY,
+        "lwp-linux-selftest: 10 passed, 0 failed",
         "LWP programs not run: CPUID 0x8000001c.EAX has no LwpAvail",
         "lwpvmm: paravirtual interface found",
     ] {
@@ -164,7 +173,8 @@ fn without_lwp_the_selftest_sees_none() {
         // driver's reads and writes fail.
         "not ok - LWP_CFG reads what the kernel enabled at boot",
         "not ok - LWP_CBADDR reads 0 at boot",
-        "lwp-linux-selftest: 2 passed, 7 failed",
+        SYSENTRY,
+        "lwp-linux-selftest: 3 passed, 7 failed",
     ] {
         assert!(console.contains(line), "missing {line:?}:\n{console}");
     }
@@ -179,5 +189,35 @@ fn a_kernel_panic_ends_the_vm_as_a_reboot() {
         out.status.code(),
         Some(i32::from(lwpvmm::cli::REBOOT_STATUS)),
         "{console}"
+    );
+}
+
+/// The red team's terminal case: a kernel that panics on a garbage
+/// initramfs, on a terminal with trace logging, ends as a reboot (status 4)
+/// instead of lwpvmm dying of a seccomp violation.
+#[test]
+fn a_panicking_kernel_on_a_terminal() {
+    require_kvm();
+    let dir = linux();
+    let garbage = dir.join("garbage.cpio");
+    let bytes: Vec<u8> = (0..65536u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    std::fs::write(&garbage, bytes).unwrap();
+    let kernel = dir.join("vmlinux");
+    let (status, text) = common::on_terminal(&[
+        "run",
+        "--kernel",
+        kernel.to_str().unwrap(),
+        "--initramfs",
+        garbage.to_str().unwrap(),
+        "--memory",
+        "64",
+    ]);
+    assert!(text.contains("Kernel panic"), "{text}");
+    assert_eq!(
+        status,
+        Some(i32::from(lwpvmm::cli::REBOOT_STATUS)),
+        "{text}"
     );
 }

@@ -305,11 +305,15 @@ fn sampled_events_stay_in_their_address_space() {
         "samples in the other address space are not charged: {charged} of {kicks}"
     );
     let mut spaces = std::collections::BTreeSet::new();
-    lwpvmm::profile::trace::for_each_record(&trace, |_| {}, |r| {
-        if r.event == 5 {
-            spaces.insert(r.cr3);
-        }
-    })
+    lwpvmm::profile::trace::for_each_record(
+        &trace,
+        |_| {},
+        |r| {
+            if r.event == 5 {
+                spaces.insert(r.cr3);
+            }
+        },
+    )
     .unwrap();
     assert_eq!(
         spaces.len(),
@@ -383,14 +387,49 @@ fn unhandled_exit_names_exit_vcpu_and_rip() {
     std::fs::remove_file(elf).unwrap();
 }
 
+/// A kernel file cut short, as a failed copy leaves it.
+fn truncated_kernel() -> PathBuf {
+    let path = guest_file("minimal");
+    let image = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &image[..image.len() / 2]).unwrap();
+    path
+}
+
+/// The example program relinked at kernel addresses (virtual != physical),
+/// as a vmlinux is.
+fn kernel_linked_program() -> PathBuf {
+    let path = guest_file("example-hot");
+    let mut elf = std::fs::read(&path).unwrap();
+    let phoff = u64::from_le_bytes(elf[0x20..0x28].try_into().unwrap()) as usize;
+    let phentsize = usize::from(u16::from_le_bytes([elf[0x36], elf[0x37]]));
+    let phnum = usize::from(u16::from_le_bytes([elf[0x38], elf[0x39]]));
+    for at in (0..phnum).map(|i| phoff + i * phentsize) {
+        if elf[at..at + 4] == 1u32.to_le_bytes() {
+            let vaddr = u64::from_le_bytes(elf[at + 0x10..at + 0x18].try_into().unwrap());
+            let high = vaddr | 0xffff_ffff_8000_0000;
+            elf[at + 0x10..at + 0x18].copy_from_slice(&high.to_le_bytes());
+        }
+    }
+    std::fs::write(&path, elf).unwrap();
+    path
+}
+
 #[test]
 fn errors_say_what_to_fix() {
-    // (arguments, text the error must contain)
     let missing = std::env::temp_dir().join("lwpvmm-test-no-such-kernel");
     let text_file = std::env::temp_dir().join(format!("lwpvmm-test-{}-text", std::process::id()));
     std::fs::write(&text_file, "not a kernel").unwrap();
     let minimal = guest_file("minimal");
-    let table: [(Vec<&str>, &str); 4] = [
+    let truncated = truncated_kernel();
+    let kernel_linked = kernel_linked_program();
+    let (m, t, k) = (
+        minimal.to_str().unwrap(),
+        truncated.to_str().unwrap(),
+        kernel_linked.to_str().unwrap(),
+    );
+    let no_dir = "/nonexistent-lwpvmm-dir/out";
+    // (arguments, text the error must contain)
+    let table: [(Vec<&str>, &str); 12] = [
         (
             vec!["run", "--kernel", missing.to_str().unwrap()],
             "cannot read kernel",
@@ -399,29 +438,83 @@ fn errors_say_what_to_fix() {
             vec!["run", "--kernel", text_file.to_str().unwrap()],
             "neither an x86-64 ELF nor a Linux bzImage",
         ),
+        (vec!["run", "--kernel", m, "--memory", "4"], "--memory"),
+        (vec!["run", "--kernel", m, "--vcpus", "0"], "1..=254"),
+        (vec!["run", "--kernel", m, "--vcpus", "1000"], "1..=254"),
+        (vec!["run", "--kernel", t], "the kernel file is truncated"),
+        (
+            vec!["run", "--kernel", m, "--metrics", no_dir],
+            "--metrics /nonexistent-lwpvmm-dir/out",
+        ),
+        (
+            vec!["run", "--kernel", m, "--trace", no_dir],
+            "--trace /nonexistent-lwpvmm-dir/out",
+        ),
+        (
+            vec!["run", "--kernel", m, "--serial", no_dir],
+            "--serial /nonexistent-lwpvmm-dir/out",
+        ),
         (
             vec![
                 "run",
                 "--kernel",
-                minimal.to_str().unwrap(),
-                "--memory",
-                "4",
+                m,
+                "--snapshot-dir",
+                "/proc/lwpvmm-snapshots",
             ],
-            "--memory",
+            "--snapshot-dir /proc/lwpvmm-snapshots",
         ),
         (
-            vec!["run", "--kernel", minimal.to_str().unwrap(), "--vcpus", "0"],
-            "--vcpus",
+            vec!["run", "--kernel", m, "--trace-max", "lots"],
+            "not a size",
         ),
+        (vec!["profile", k], "lwpvmm run --kernel"),
     ];
     for (args, want) in table {
         let out = lwpvmm(&args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(want), "{args:?}: `{want}` not in: {err}");
+        assert!(
+            out.stdout.is_empty(),
+            "{args:?}: refused before the guest ran: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
     }
-    std::fs::remove_file(text_file).unwrap();
-    std::fs::remove_file(minimal).unwrap();
+    for f in [text_file, minimal, truncated, kernel_linked] {
+        std::fs::remove_file(f).unwrap();
+    }
+}
+
+/// A snapshot that was asked for and failed fails the run (status 2), after
+/// the guest ran to its end.
+#[test]
+fn a_failed_snapshot_fails_the_run() {
+    let replay = guest_file("replay");
+    let dir = std::env::temp_dir().join(format!("lwpvmm-test-{}-badsnap", std::process::id()));
+    std::fs::create_dir_all(dir.join("state.bin")).unwrap();
+    let out = lwpvmm(&[
+        "run",
+        "--kernel",
+        replay.to_str().unwrap(),
+        "--memory",
+        "64",
+        "--cmdline",
+        "iterations=30000",
+        "--snapshot-dir",
+        dir.to_str().unwrap(),
+        "--snapshot-after",
+        "1",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("snapshot to"), "{err}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("replay digest"),
+        "the guest ran on"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+    std::fs::remove_file(replay).unwrap();
 }
 
 #[test]
@@ -444,7 +537,11 @@ fn privilege_comes_from_ss_not_cs() {
         4,
         "three impossible frames and the forged one from CPL3"
     );
-    assert_eq!(metric(&outcome, "lwpins"), 2, "the two frames the CPU pushes");
+    assert_eq!(
+        metric(&outcome, "lwpins"),
+        2,
+        "the two frames the CPU pushes"
+    );
 }
 
 #[test]
@@ -459,5 +556,48 @@ fn protection_keys_are_honoured_where_offered() {
         offered || text.contains("pku: not offered"),
         "the guest says which case ran: {text}"
     );
-    println!("protection keys {}offered here", if offered { "" } else { "not " });
+    println!(
+        "protection keys {}offered here",
+        if offered { "" } else { "not " }
+    );
+}
+
+/// `--trace-max` bounds the trace: the records past it are counted, not
+/// written, and the trace and its report say so.
+#[test]
+fn the_trace_stops_at_its_limit() {
+    let replay = guest_file("replay");
+    let dir = std::env::temp_dir().join(format!("lwpvmm-test-{}-tracemax", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (trace, metrics) = (dir.join("t.trace"), dir.join("m.json"));
+    let out = lwpvmm(&[
+        "run",
+        "--kernel",
+        replay.to_str().unwrap(),
+        "--memory",
+        "64",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--trace-max",
+        "4K",
+        "--metrics",
+        metrics.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let size = std::fs::metadata(&trace).unwrap().len();
+    assert!(
+        size <= 4096 + 200,
+        "header, records within 4 KiB, the limit line: {size}"
+    );
+    let m: serde_json::Value = serde_json::from_slice(&std::fs::read(&metrics).unwrap()).unwrap();
+    assert!(m["vm"]["trace_dropped"].as_u64().unwrap() > 500, "{m}");
+    let report = lwpvmm(&["report", trace.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&report.stderr);
+    assert!(report.status.success(), "{report:?}");
+    assert!(
+        err.contains("reached its size limit of 4096 bytes"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+    std::fs::remove_file(replay).unwrap();
 }

@@ -26,6 +26,7 @@ static u64 fnv(const void *p, u64 n, u64 h)
 int main(void)
 {
     u64 n = cmdline_number("iterations", 6000);
+    puts("replay: starting\n");
     cb.flags = LWP_VAL;
     cb.buffer_size = sizeof(ring);
     cb.buffer_base = (u64)ring;

@@ -90,7 +90,7 @@ dir /dev 0755 0 0
 nod /dev/console 0600 0 0 c 5 1
 dir /proc 0755 0 0
 LIST
-for prog in selftest lwp-records lwp-two lwp-faults lwp-hot lwp-threshold; do
+for prog in selftest sysentry lwp-records lwp-two lwp-faults lwp-hot lwp-threshold; do
     gcc -static -nostdlib -fno-stack-protector -fno-asynchronous-unwind-tables \
         -O2 -Wall -Werror -mlwp -mno-avx -mno-avx2 -mno-avx512f \
         -I "$SUPPORT/nolibc" -include nolibc.h \

@@ -123,10 +123,7 @@ pub fn report(out: &mut dyn Write, args: &ReportArgs) -> Result<u8, CliError> {
 }
 
 /// Reads a trace into a tally, streaming.
-fn tally(
-    path: &Path,
-    progress: impl FnMut(usize),
-) -> (Result<TraceSummary, CliError>, Tally) {
+fn tally(path: &Path, progress: impl FnMut(usize)) -> (Result<TraceSummary, CliError>, Tally) {
     let mut tally = Tally::default();
     let summary = trace::for_each_record(path, progress, |r| tally.add(r)).map_err(Into::into);
     (summary, tally)

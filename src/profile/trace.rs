@@ -306,7 +306,12 @@ mod tests {
         w.flush().unwrap();
         let (summary, records) = read_all(&path).unwrap();
         assert_eq!(records.len(), 3);
-        assert_eq!(summary.limit, Some(LimitReached { max_bytes: 3 * line + 1 }));
+        assert_eq!(
+            summary.limit,
+            Some(LimitReached {
+                max_bytes: 3 * line + 1
+            })
+        );
         std::fs::remove_file(path).unwrap();
     }
 
@@ -316,11 +321,15 @@ mod tests {
         let good = r#"{"vcpu":0,"cr3":1,"event":5,"core":0,"flags":0,"data1":0,"data2":0,"ip":2,"timestamp":3}"#;
         let v1 = r#"{"lwpvmm_trace":1,"profile":"emulated","sample_hz":0}"#;
         // (content, Ok((records, cut line)) or Err(text in the error))
-        let table: [(String, Result<(usize, Option<usize>), &str>); 6] = [
+        type Want = Result<(usize, Option<usize>), &'static str>;
+        let table: [(String, Want); 6] = [
             (format!("{v1}\n{good}\n"), Ok((1, None))),
             (format!("{v1}\n{good}\n{}", &good[..30]), Ok((1, Some(3)))),
             (format!("{v1}\n{}\n{good}\n", &good[..30]), Err(":2:")),
-            (r#"{"lwpvmm_trace":9,"profile":"x","sample_hz":0}"#.to_owned(), Err("version 9")),
+            (
+                r#"{"lwpvmm_trace":9,"profile":"x","sample_hz":0}"#.to_owned(),
+                Err("version 9"),
+            ),
             ("hello\n".to_owned(), Err("not an lwpvmm trace")),
             (String::new(), Err("empty file")),
         ];

@@ -719,7 +719,8 @@ mod tests {
         assert_eq!({ params.e820_table[0].size }, 64 << 20);
         let (regs, sregs) = initial_state(k.entry, kvm_sregs::default());
         assert_eq!((regs.rip, regs.rsi), (0x100_0000, ZERO_PAGE_ADDR));
-        let paging = Paging::from_regs(sregs.cr0, sregs.cr3, sregs.cr4, 0x500 | 0x400, CAPS, 0).unwrap();
+        let paging =
+            Paging::from_regs(sregs.cr0, sregs.cr3, sregs.cr4, 0x500 | 0x400, CAPS, 0).unwrap();
         let view = GuestView::new(&mem, paging);
         for addr in [0u64, 0x100_0000, 0x3ff_f000] {
             assert_eq!(view.translate(addr, Access::SupervisorWrite), Ok(addr));

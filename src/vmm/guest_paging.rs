@@ -58,9 +58,7 @@ impl PagingSource {
         } else {
             0
         };
-        Paging::from_regs(
-            sregs.cr0, sregs.cr3, sregs.cr4, sregs.efer, self.caps, pkru,
-        )
+        Paging::from_regs(sregs.cr0, sregs.cr3, sregs.cr4, sregs.efer, self.caps, pkru)
     }
 
     /// The paging of a running vCPU: PKRU read with KVM_GET_XSAVE when
@@ -147,19 +145,27 @@ mod tests {
     fn pkru_is_read_where_xsave_keeps_it() {
         let mut image = vec![0u8; 4096];
         image[0xa80..0xa84].copy_from_slice(&0x5555_5554u32.to_le_bytes());
-        assert_eq!(pkru_in(&image, 0xa80), Some(0), "XSTATE_BV bit 9 clear: init");
+        assert_eq!(
+            pkru_in(&image, 0xa80),
+            Some(0),
+            "XSTATE_BV bit 9 clear: init"
+        );
         image[512] = 1 << 1;
         image[513] = 1 << 1;
         assert_eq!(pkru_in(&image, 0xa80), Some(0x5555_5554));
         assert_eq!(pkru_in(&image[..600], 0xa80), None, "short image");
-        let source = PagingSource::new(&[entry(7, 0, 0, 0, 1 << 3, 0), entry(0xD, 9, 8, 0xa80, 0, 0)]);
+        let source =
+            PagingSource::new(&[entry(7, 0, 0, 0, 1 << 3, 0), entry(0xD, 9, 8, 0xa80, 0, 0)]);
         let mut sregs = kvm_sregs {
             cr0: 0x8000_0001,
             cr4: 0x20 | CR4_PKE,
             efer: 0x500,
             ..Default::default()
         };
-        assert!(source.paging(&sregs, None).is_err(), "PKE without PKRU fails closed");
+        assert!(
+            source.paging(&sregs, None).is_err(),
+            "PKE without PKRU fails closed"
+        );
         assert!(source.paging(&sregs, Some(&image)).unwrap().keys_enabled());
         sregs.cr4 = 0x20;
         assert!(!source.paging(&sregs, None).unwrap().keys_enabled());

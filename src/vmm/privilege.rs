@@ -208,13 +208,33 @@ mod tests {
             (0x3b, 0x1b, Ok(3)),
             (0x23, 0x10, Err(FrameError::RplMismatch { cs: 3, ss: 0 })),
             (0x08, 0x1b, Err(FrameError::RplMismatch { cs: 0, ss: 3 })),
-            (0x0b, 0x1b, Err(FrameError::DplMismatch { selector: 0x0b, dpl: 0, rpl: 3 })),
-            (0x20, 0x18, Err(FrameError::DplMismatch { selector: 0x20, dpl: 3, rpl: 0 })),
+            (
+                0x0b,
+                0x1b,
+                Err(FrameError::DplMismatch {
+                    selector: 0x0b,
+                    dpl: 0,
+                    rpl: 3,
+                }),
+            ),
+            (
+                0x20,
+                0x18,
+                Err(FrameError::DplMismatch {
+                    selector: 0x20,
+                    dpl: 3,
+                    rpl: 0,
+                }),
+            ),
             (0x28, 0x10, Err(FrameError::NotCode(0x28))),
             (0x43, 0x1b, Err(FrameError::Descriptor(0x43))),
         ];
         for (cs, ss, want) in table {
-            assert_eq!(frame_privilege(&view, &sregs, cs, ss), want, "CS {cs:#x} SS {ss:#x}");
+            assert_eq!(
+                frame_privilege(&view, &sregs, cs, ss),
+                want,
+                "CS {cs:#x} SS {ss:#x}"
+            );
         }
         let (cs_np, ss) = (0x30, 0x10);
         assert_eq!(

@@ -59,6 +59,9 @@ pub enum SeccompError {
 /// locks, signals (the vCPU kick, the signal pipes), logging and exit.
 const COMMON: &[i64] = &[
     libc::SYS_brk,
+    // The vCPU thread's CPU time (the sampler), and clock reads the vDSO
+    // hands to the kernel where it cannot read the host's clocksource.
+    libc::SYS_clock_gettime,
     libc::SYS_close,
     libc::SYS_exit,
     libc::SYS_exit_group,

@@ -37,11 +37,12 @@ impl StopSignals {
             // The shutdown goes first, so that it sees the flag the first
             // signal sets only from the second signal on.
             let status = 128 + u32::try_from(signal).unwrap_or(0);
-            stop.ids.push(signal_hook::flag::register_conditional_shutdown(
-                signal,
-                status as i32,
-                Arc::clone(&armed),
-            )?);
+            stop.ids
+                .push(signal_hook::flag::register_conditional_shutdown(
+                    signal,
+                    status as i32,
+                    Arc::clone(&armed),
+                )?);
             stop.ids.push(signal_hook::flag::register(signal, armed)?);
             let (reader, writer) = UnixStream::pair()?;
             reader.set_nonblocking(true)?;

@@ -6,6 +6,7 @@
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use kvm_bindings::{
     KVM_GUESTDBG_ENABLE, KVM_GUESTDBG_SINGLESTEP, kvm_debug_exit_arch, kvm_guest_debug, kvm_msi,
@@ -16,6 +17,7 @@ use thiserror::Error;
 use vm_memory::ByteValued;
 
 use super::devices::{GuestEnd, PortAction, PortBus};
+use super::guest_paging::PagingSource;
 use super::lwp_insn::{self, Context, LwpMnemonic, MAX_INSN_LEN, Outcome};
 use super::metrics::Metrics;
 use super::pause::PauseGate;
@@ -23,7 +25,6 @@ use super::privilege;
 use super::snapshot::LwpSection;
 use super::step::{self, StepBackend};
 use super::vcpu_state;
-use super::guest_paging::PagingSource;
 use crate::guard::{Access, GuardError, GuestMemory, GuestView, Paging};
 use crate::guest_warn;
 use crate::lwp::cpuid::CpuidEntry;
@@ -171,7 +172,8 @@ pub struct Vcpu {
     instructions: bool,
     tsc_offset: i64,
     sample_due: Arc<AtomicBool>,
-    last_sample: Option<u64>,
+    tsc_khz: u32,
+    last_sample: Option<(u64, Option<Duration>)>,
     lwpcb_cr3: Option<u64>,
     db_declared: bool,
     step_from: Option<u64>,
@@ -208,6 +210,7 @@ impl Vcpu {
             instructions,
             tsc_offset,
             sample_due: Arc::new(AtomicBool::new(false)),
+            tsc_khz: 0,
             last_sample: None,
             lwpcb_cr3: None,
             db_declared: false,
@@ -359,17 +362,14 @@ impl Vcpu {
         if !privilege::is_kernel(&sregs) {
             return;
         }
-        let checked = self
-            .paging(&sregs)
-            .ok()
-            .and_then(|paging| {
-                let view = GuestView::new(&shared.mem, paging);
-                let mut frame = Frame::default();
-                view.read(regs.rsp, frame.as_mut_slice(), Access::SupervisorRead)
-                    .ok()?;
-                let cpl = privilege::frame_privilege(&view, &sregs, frame.cs, frame.ss).ok()?;
-                Some((view, frame, cpl == 3))
-            });
+        let checked = self.paging(&sregs).ok().and_then(|paging| {
+            let view = GuestView::new(&shared.mem, paging);
+            let mut frame = Frame::default();
+            view.read(regs.rsp, frame.as_mut_slice(), Access::SupervisorRead)
+                .ok()?;
+            let cpl = privilege::frame_privilege(&view, &sregs, frame.cs, frame.ss).ok()?;
+            Some((view, frame, cpl == 3))
+        });
         let Some((mut view, mut frame, user)) = checked else {
             regs.rflags |= RFLAGS_CF;
             self.commit_regs(regs);
@@ -477,12 +477,37 @@ impl Vcpu {
             .map(|_| cr3 & CR3_ADDR);
     }
 
-    /// A sampling kick: charges the guest TSC cycles since the last sample
-    /// to CNH and RNH, but only while the vCPU runs at CPL3 in the address
-    /// space that loaded the LWPCB. docs/profiling.md.
+    /// Sets the guest TSC's rate, which turns the vCPU thread's CPU time
+    /// into clock cycles for the sampled clock events.
+    pub fn set_tsc_khz(&mut self, khz: u32) {
+        self.tsc_khz = khz;
+    }
+
+    /// The cycles the vCPU ran since the last sample: its thread's CPU time
+    /// (what a host that preempts the thread, or a guest that halts, does
+    /// not add to) at the TSC rate; the guest TSC's advance where either is
+    /// unknown.
+    fn cycles_since_last_sample(&mut self, now: u64) -> u64 {
+        let cpu = cpu_time::ThreadTime::try_now()
+            .ok()
+            .map(|t| t.as_duration());
+        let last = self.last_sample.replace((now, cpu));
+        match (last, cpu) {
+            (Some((_, Some(before))), Some(cpu)) if self.tsc_khz > 0 => {
+                let nanos = cpu.saturating_sub(before).as_nanos();
+                u64::try_from(nanos * u128::from(self.tsc_khz) / 1_000_000).unwrap_or(u64::MAX)
+            }
+            (Some((before, _)), _) => now.saturating_sub(before),
+            (None, _) => 0,
+        }
+    }
+
+    /// A sampling kick: charges the cycles the vCPU ran since the last
+    /// sample to CNH and RNH, but only while the vCPU runs at CPL3 in the
+    /// address space that loaded the LWPCB. docs/profiling.md.
     fn sample(&mut self, shared: &Shared) {
         let now = self.guest_tsc();
-        let elapsed = now.saturating_sub(self.last_sample.replace(now).unwrap_or(now));
+        let elapsed = self.cycles_since_last_sample(now);
         shared.metrics.sampler_kicks.fetch_add(1, Ordering::Relaxed);
         let sync = self.fd.sync_regs();
         let (rip, sregs) = (sync.regs.rip, sync.sregs);

@@ -32,6 +32,7 @@ use vmm_sys_util::timerfd::TimerFd;
 use super::boot::{self, BootError};
 use super::cpuid;
 use super::devices::{GuestEnd, PortBus, SERIAL_IRQ, SerialOut};
+use super::guest_paging::PagingSource;
 use super::metrics::{self, Metrics};
 use super::output::{self, OutputError, OutputKind, RewriteFile};
 use super::pause::PauseGate;
@@ -39,7 +40,6 @@ use super::seccomp::{self, SeccompError, SeccompMode, ThreadKind};
 use super::signals::{self, StopSignals};
 use super::snapshot::{self, MemoryLayout, SnapshotError, VcpuSnapshot, VmKvmState, VmSnapshot};
 use super::step::StepBackend;
-use super::guest_paging::PagingSource;
 use super::vcpu::{Shared, Vcpu, VcpuError, VcpuStop, kick_handler};
 use super::vcpu_state::{self, VcpuStateError};
 use crate::guard::{Access, GuestMemory, GuestView};
@@ -354,8 +354,10 @@ fn create_machine(
             .collect();
         let unit = profile.caps().map(LwpUnit::new);
         let tsc_offset = tsc_offset(&fd)?;
+        // Without the rate the sampler charges TSC time instead of run time.
+        let tsc_khz = fd.get_tsc_khz().unwrap_or(0);
         let instructions = guest == GuestLwpSupport::Shim;
-        vcpus.push(Vcpu::new(
+        let mut vcpu = Vcpu::new(
             fd,
             id,
             table,
@@ -363,7 +365,9 @@ fn create_machine(
             unit,
             instructions,
             tsc_offset,
-        ));
+        );
+        vcpu.set_tsc_khz(tsc_khz);
+        vcpus.push(vcpu);
     }
     let precise = profile
         .caps()
@@ -976,7 +980,10 @@ fn run_machine(
         profile,
         guest,
     } = machine;
-    let Outputs { metrics: metrics_file, trace } = outputs;
+    let Outputs {
+        metrics: metrics_file,
+        trace,
+    } = outputs;
     let trace = trace.map(|t| Arc::new(Mutex::new(t)));
     let mut vcpus = vcpus;
     if trace.is_some() {
@@ -1170,15 +1177,17 @@ impl ControlThread {
         let mut errors = Vec::new();
         let signal = loop {
             let (done, due, samples, dump, signal) =
-                control.lock().map_or((true, false, 0, false, None), |mut c| {
-                    (
-                        c.done,
-                        std::mem::take(&mut c.snapshot_due),
-                        std::mem::take(&mut c.samples_due),
-                        std::mem::take(&mut c.metrics_due),
-                        c.signal,
-                    )
-                });
+                control
+                    .lock()
+                    .map_or((true, false, 0, false, None), |mut c| {
+                        (
+                            c.done,
+                            std::mem::take(&mut c.snapshot_due),
+                            std::mem::take(&mut c.samples_due),
+                            std::mem::take(&mut c.metrics_due),
+                            c.signal,
+                        )
+                    });
             if done {
                 break signal;
             }

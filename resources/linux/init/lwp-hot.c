@@ -2,7 +2,10 @@
  * A sampled profile of a Linux process: three functions doing 1, 2 and 4
  * units of work with CNH (clocks not halted) sampling. lwpvmm's host-side
  * trace and `lwpvmm report --symbols` of this program must put hot_4 on
- * top. The ring is drained as it fills, as a profiler would.
+ * top. The ring is drained before it fills, as a profiler would: the
+ * interval (2^20 cycles) makes a record or a few per sampling kick, so a
+ * full ring never drops the samples of one part of a round more than
+ * another's, however slowly a loaded host runs the guest.
  */
 #include "lwp.h"
 
@@ -44,7 +47,7 @@ int main(void)
 	cb.flags = LWP_CNH;
 	cb.buffer_size = sizeof(ring);
 	cb.buffer_base = (unsigned long long)ring;
-	cb.events[LWP_EVENT_CNH - 1].interval = 1;
+	cb.events[LWP_EVENT_CNH - 1].interval = 0xfffff;
 	__llwpcb(&cb);
 	check("LLWPCB grants CNH", cb.flags == LWP_CNH);
 	for (i = 0; i < ROUNDS; i++) {
