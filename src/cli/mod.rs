@@ -325,7 +325,7 @@ pub enum CliError {
         source: std::io::Error,
     },
     /// An output named on the command line cannot be written.
-    #[error("{flag} {path}: {source}")]
+    #[error("{flag} {path}: cannot write there: {source}")]
     OutputPath {
         /// The option.
         flag: &'static str,
