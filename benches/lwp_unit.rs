@@ -8,14 +8,6 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use lwpvmm::guard::pagetable::{PageTables, PteFlags};
 use lwpvmm::guard::{GuestMemory, GuestView, Paging, PagingCaps};
 
-/// A processor with 1 GiB pages, NX, 48 physical-address bits and no
-/// protection keys.
-const CAPS: PagingCaps = PagingCaps {
-    maxphyaddr: 48,
-    page_1g: true,
-    nx: true,
-    pku: false,
-};
 use lwpvmm::lwp::cpuid::LwpProfile;
 use lwpvmm::lwp::flat::{FlatMemory, PagePerm};
 use lwpvmm::lwp::lwpcb::LwpcbFixed;
@@ -52,7 +44,7 @@ fn guest() -> (GuestMemory, u64) {
 }
 
 fn paging(cr3: u64) -> Paging {
-    Paging::from_regs(0x8001_0001, cr3, 0x20, 0xD00, CAPS, 0).unwrap()
+    Paging::from_regs(0x8001_0001, cr3, 0x20, 0xD00, PagingCaps::COMMON, 0).unwrap()
 }
 
 fn unit() -> LwpUnit {

@@ -12,15 +12,6 @@ use lwpvmm::lwp::fault::{
 use lwpvmm::lwp::memory::UserMemory;
 use vm_memory::{Bytes, GuestAddress};
 
-/// A processor with 1 GiB pages, NX, 48 physical-address bits and no
-/// protection keys.
-const CAPS: PagingCaps = PagingCaps {
-    maxphyaddr: 48,
-    page_1g: true,
-    nx: true,
-    pku: false,
-};
-
 const MIB: u64 = 1 << 20;
 const CR0_PE: u64 = 1;
 const CR0_WP: u64 = 1 << 16;
@@ -127,7 +118,7 @@ fn space() -> Space {
 
 impl Space {
     fn paging_with(&self, cr0: u64, cr4: u64, efer: u64) -> Paging {
-        Paging::from_regs(cr0, self.cr3, cr4 | CR4_PAE, efer, CAPS, 0).unwrap()
+        Paging::from_regs(cr0, self.cr3, cr4 | CR4_PAE, efer, PagingCaps::COMMON, 0).unwrap()
     }
     fn view(&self) -> GuestView<'_> {
         GuestView::new(&self.mem, self.paging_with(CR0, 0, EFER))
@@ -429,7 +420,7 @@ fn unsupported_paging_modes() {
         (CR0, CR4_PAE | CR4_LA57, EFER),
     ];
     for (cr0, cr4, efer) in table {
-        let err = Paging::from_regs(cr0, s.cr3, cr4, efer, CAPS, 0).unwrap_err();
+        let err = Paging::from_regs(cr0, s.cr3, cr4, efer, PagingCaps::COMMON, 0).unwrap_err();
         assert!(matches!(err, GuardError::UnsupportedPaging(_)), "{err}");
         assert_eq!(err.fault(), GuestFault::GeneralProtection);
     }
@@ -440,7 +431,7 @@ fn pcid_and_flag_bits_of_cr3_are_masked() {
     let s = space();
     let plain = s.view().translate(USER_RW, Access::UserRead).unwrap();
     let cr3 = s.cr3 | 0x5 | 1 << 63;
-    let p = Paging::from_regs(CR0, cr3, CR4_PAE | 1 << 17, EFER, CAPS, 0).unwrap();
+    let p = Paging::from_regs(CR0, cr3, CR4_PAE | 1 << 17, EFER, PagingCaps::COMMON, 0).unwrap();
     assert_eq!(p.pml4(), s.cr3);
     assert_eq!(
         GuestView::new(&s.mem, p).translate(USER_RW, Access::UserRead),

@@ -8,14 +8,6 @@ use libfuzzer_sys::fuzz_target;
 use lwpvmm::guard::pagetable::{PageTables, PteFlags};
 use lwpvmm::guard::{GuestMemory, GuestView, Paging, PagingCaps};
 
-/// A processor with 1 GiB pages, NX, 48 physical-address bits and no
-/// protection keys.
-const CAPS: PagingCaps = PagingCaps {
-    maxphyaddr: 48,
-    page_1g: true,
-    nx: true,
-    pku: false,
-};
 use lwpvmm::lwp::cpuid::LwpProfile;
 use lwpvmm::lwp::unit::LwpUnit;
 use lwpvmm::vmm::lwp_insn::{Context, emulate};
@@ -33,7 +25,7 @@ fuzz_target!(|data: &[u8]| {
         }
         pt.cr3()
     };
-    let Ok(paging) = Paging::from_regs(0x8001_0001, cr3, 0x20, 0xD00, CAPS, 0) else { return };
+    let Ok(paging) = Paging::from_regs(0x8001_0001, cr3, 0x20, 0xD00, PagingCaps::COMMON, 0) else { return };
     let mut view = GuestView::new(&mem, paging);
     let word = |i: usize| u64::from_le_bytes(data[16 + 8 * i..24 + 8 * i].try_into().unwrap());
     let mut regs = kvm_regs {

@@ -97,6 +97,15 @@ pub struct PagingCaps {
 const DEFAULT_MAXPHYADDR: u8 = 36;
 
 impl PagingCaps {
+    /// What most x86-64 processors offer: 1 GiB pages, NX, 48 physical
+    /// address bits, no protection keys (tests, benchmarks, fuzzing).
+    pub const COMMON: PagingCaps = PagingCaps {
+        maxphyaddr: 48,
+        page_1g: true,
+        nx: true,
+        pku: false,
+    };
+
     /// The capabilities a CPUID table describes; a missing leaf offers
     /// nothing (and the architectural 36-bit physical width).
     pub fn from_cpuid(table: &[CpuidEntry]) -> Self {

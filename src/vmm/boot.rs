@@ -516,15 +516,6 @@ mod tests {
     use super::*;
     use crate::guard::{Access, GuestView, Paging, PagingCaps};
 
-    /// A processor with 1 GiB pages, NX, 48 physical-address bits and no
-    /// protection keys.
-    const CAPS: PagingCaps = PagingCaps {
-        maxphyaddr: 48,
-        page_1g: true,
-        nx: true,
-        pku: false,
-    };
-
     #[test]
     fn ram_layout_skips_the_mmio_hole() {
         let table: [(u64, Vec<(u64, usize)>); 3] = [
@@ -719,8 +710,15 @@ mod tests {
         assert_eq!({ params.e820_table[0].size }, 64 << 20);
         let (regs, sregs) = initial_state(k.entry, kvm_sregs::default());
         assert_eq!((regs.rip, regs.rsi), (0x100_0000, ZERO_PAGE_ADDR));
-        let paging =
-            Paging::from_regs(sregs.cr0, sregs.cr3, sregs.cr4, 0x500 | 0x400, CAPS, 0).unwrap();
+        let paging = Paging::from_regs(
+            sregs.cr0,
+            sregs.cr3,
+            sregs.cr4,
+            0x500 | 0x400,
+            PagingCaps::COMMON,
+            0,
+        )
+        .unwrap();
         let view = GuestView::new(&mem, paging);
         for addr in [0u64, 0x100_0000, 0x3ff_f000] {
             assert_eq!(view.translate(addr, Access::SupervisorWrite), Ok(addr));

@@ -329,14 +329,6 @@ mod tests {
     use crate::guard::pagetable::{PageTables, PteFlags};
     use crate::guard::{GuestMemory, Paging, PagingCaps};
 
-    /// A processor with 1 GiB pages, NX, 48 physical-address bits and no
-    /// protection keys.
-    const CAPS: PagingCaps = PagingCaps {
-        maxphyaddr: 48,
-        page_1g: true,
-        nx: true,
-        pku: false,
-    };
     use crate::lwp::cpuid::LwpProfile;
     use crate::lwp::lwpcb::LwpcbFixed;
     use crate::lwp::record::EventRecord;
@@ -381,7 +373,9 @@ mod tests {
 
     impl Rig {
         fn exec(&mut self, bytes: &[u8], rflags: u64) -> (Outcome, u64, u64) {
-            let paging = Paging::from_regs(0x8001_0001, self.cr3, 0x20, 0xD00, CAPS, 0).unwrap();
+            let paging =
+                Paging::from_regs(0x8001_0001, self.cr3, 0x20, 0xD00, PagingCaps::COMMON, 0)
+                    .unwrap();
             let mut view = GuestView::new(&self.mem, paging);
             let mut ctx = Context {
                 regs: &mut self.regs,
@@ -554,7 +548,8 @@ mod tests {
     #[test]
     fn no_unit_means_not_lwp() {
         let mut r = rig();
-        let paging = Paging::from_regs(0x8001_0001, r.cr3, 0x20, 0xD00, CAPS, 0).unwrap();
+        let paging =
+            Paging::from_regs(0x8001_0001, r.cr3, 0x20, 0xD00, PagingCaps::COMMON, 0).unwrap();
         let mut view = GuestView::new(&r.mem, paging);
         let mut ctx = Context {
             regs: &mut r.regs,

@@ -140,14 +140,6 @@ mod tests {
     use super::*;
     use crate::guard::{Paging, PagingCaps};
 
-    /// A processor with 1 GiB pages, NX, 48 physical-address bits and no
-    /// protection keys.
-    const CAPS: PagingCaps = PagingCaps {
-        maxphyaddr: 48,
-        page_1g: true,
-        nx: true,
-        pku: false,
-    };
     use crate::guard::pagetable::{PageSize, PageTables, PteFlags};
     use vm_memory::{Bytes, GuestAddress};
 
@@ -175,7 +167,15 @@ mod tests {
         tables
             .map(0, 0, PageSize::Size2M, PteFlags::KERNEL_RW)
             .unwrap();
-        let paging = Paging::from_regs(0x8000_0011, tables.cr3(), 0x20, 0x500, CAPS, 0).unwrap();
+        let paging = Paging::from_regs(
+            0x8000_0011,
+            tables.cr3(),
+            0x20,
+            0x500,
+            PagingCaps::COMMON,
+            0,
+        )
+        .unwrap();
         let mut sregs = kvm_sregs::default();
         sregs.gdt.base = GDT;
         sregs.gdt.limit = (DESCRIPTORS.len() * 8 - 1) as u16;
