@@ -26,10 +26,18 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lwpvmm::lwp::cpuid::{GuestLwpSupport, LwpProfile};
+use lwpvmm::lwp::cpuid::LwpProfile;
 use lwpvmm::vmm::devices::{GuestEnd, SerialOut};
-use lwpvmm::vmm::seccomp::SeccompMode;
-use lwpvmm::vmm::vm::{self, VmConfig, VmEnd};
+use lwpvmm::vmm::{self, HostConfig, Profiling, VmConfig, VmEnd};
+
+/// Host settings that capture the console and otherwise keep the defaults.
+fn captured(console: &Arc<Mutex<Vec<u8>>>, profiling: Profiling) -> HostConfig {
+    HostConfig {
+        serial: SerialOut::Capture(Arc::clone(console)),
+        profiling,
+        ..HostConfig::default()
+    }
+}
 
 const ROUND_TRIP_ITERATIONS: u64 = 5000;
 const STARTS: usize = 20;
@@ -42,20 +50,12 @@ fn round_trips() {
     let console = Arc::new(Mutex::new(Vec::new()));
     let config = VmConfig {
         kernel: lwpvmm::guests::get("roundtrip").expect("guest").to_vec(),
-        initramfs: None,
         cmdline: format!("iterations={ROUND_TRIP_ITERATIONS}"),
         memory_mib: 64,
-        vcpus: 1,
-        profile: LwpProfile::Emulated,
-        guest: GuestLwpSupport::Shim,
-        serial: SerialOut::Capture(Arc::clone(&console)),
-        snapshots: vm::SnapshotPlan::default(),
-        seccomp: SeccompMode::On,
-        stop_on_signals: false,
-        profiling: vm::Profiling::default(),
-        program: None,
+        host: captured(&console, Profiling::default()),
+        ..VmConfig::default()
     };
-    let outcome = vm::run(&config).expect("round-trip guest");
+    let outcome = vmm::run(&config).expect("round-trip guest");
     assert_eq!(outcome.end, VmEnd::Guest(GuestEnd::ExitPort(0)));
     let text = String::from_utf8_lossy(&console.lock().unwrap()).into_owned();
     let per_iter = |name: &str| -> f64 {
@@ -215,13 +215,12 @@ fn snapshots() {
             "--memory",
             "256",
             "--cmdline",
-            "iterations=20000",
+            "iterations=20000 snap=10000",
         ])
         .args([
             "--snapshot-dir",
             dir.to_str().unwrap(),
-            "--snapshot-after",
-            "100",
+            "--snapshot-on-port",
         ])
         .output()
         .expect("run");
@@ -250,25 +249,18 @@ fn throughput(sample_hz: u32, lwp: bool) -> f64 {
     let console = Arc::new(Mutex::new(Vec::new()));
     let config = VmConfig {
         kernel: lwpvmm::guests::get("throughput").expect("guest").to_vec(),
-        initramfs: None,
         cmdline: format!("lwp={}", u8::from(lwp)),
         memory_mib: 64,
-        vcpus: 1,
-        profile: LwpProfile::Emulated,
-        guest: GuestLwpSupport::Shim,
-        serial: SerialOut::Capture(Arc::clone(&console)),
-        snapshots: vm::SnapshotPlan::default(),
-        seccomp: SeccompMode::On,
-        stop_on_signals: false,
-        profiling: vm::Profiling {
-            sample_hz,
-            trace: None,
-            metrics: None,
-            ..Default::default()
-        },
-        program: None,
+        host: captured(
+            &console,
+            Profiling {
+                sample_hz,
+                ..Profiling::default()
+            },
+        ),
+        ..VmConfig::default()
     };
-    vm::run(&config).expect("throughput guest");
+    vmm::run(&config).expect("throughput guest");
     let text = String::from_utf8_lossy(&console.lock().unwrap()).into_owned();
     text.lines()
         .find_map(|l| l.strip_prefix("throughput "))
@@ -283,20 +275,13 @@ fn stepping(bre: bool) -> f64 {
     let console = Arc::new(Mutex::new(Vec::new()));
     let config = VmConfig {
         kernel: lwpvmm::guests::get("stepping").expect("guest").to_vec(),
-        initramfs: None,
         cmdline: format!("bre={} iterations=4000", u8::from(bre)),
         memory_mib: 64,
-        vcpus: 1,
         profile: LwpProfile::Precise,
-        guest: GuestLwpSupport::Shim,
-        serial: SerialOut::Capture(Arc::clone(&console)),
-        snapshots: vm::SnapshotPlan::default(),
-        seccomp: SeccompMode::On,
-        stop_on_signals: false,
-        profiling: vm::Profiling::default(),
-        program: None,
+        host: captured(&console, Profiling::default()),
+        ..VmConfig::default()
     };
-    vm::run(&config).expect("stepping guest");
+    vmm::run(&config).expect("stepping guest");
     let text = String::from_utf8_lossy(&console.lock().unwrap()).into_owned();
     let v: Vec<f64> = text
         .lines()

@@ -1,8 +1,11 @@
-//! Snapshots on real KVM: a deterministic LWP workload snapshotted midway
-//! and restored in a new process ends exactly as an uninterrupted run; a
+//! Snapshots on real KVM: a deterministic LWP workload snapshotted at an
+//! exact point of its own (the snapshot debug port) and restored in a new
+//! process ends exactly as an uninterrupted run, precise events included; a
 //! corrupted or mismatched snapshot is refused with a clear message and
-//! nothing runs.
+//! nothing runs. No test waits on a timer: SIGUSR2 is sent once lwpvmm says
+//! it is ready.
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -10,7 +13,9 @@ use lwpvmm::lwp::cpuid::LwpProfile;
 use lwpvmm::lwp::unit::LwpUnit;
 use lwpvmm::vmm::snapshot::{self, MEMORY_FILE, STATE_FILE};
 
-const ITERATIONS: &str = "iterations=30000";
+/// The replay guest's length, and where it asks for a snapshot (a port
+/// write, unclaimed without --snapshot-on-port).
+const ITERATIONS: &str = "iterations=30000 snap=15000";
 
 fn require_kvm() {
     assert!(
@@ -104,14 +109,10 @@ fn snapshot_restore_and_refusals() {
         ITERATIONS,
         "--snapshot-dir",
         snap,
-        "--snapshot-after",
-        "200",
+        "--snapshot-on-port",
     ]);
     assert_eq!(taken.status.code(), Some(1), "{taken:?}");
-    assert!(
-        dir.join(STATE_FILE).exists(),
-        "the snapshot was not taken before the guest ended"
-    );
+    assert!(dir.join(STATE_FILE).exists(), "the snapshot was taken");
     assert_eq!(
         digest(&taken),
         digest(&plain),
@@ -127,8 +128,8 @@ fn snapshot_restore_and_refusals() {
     );
     let text = String::from_utf8_lossy(&restored.stdout);
     assert!(
-        !text.contains("replay: step 0\n"),
-        "the restored run resumed midway:\n{text}"
+        !text.contains("replay: step 0\n") && text.contains("replay: step 15000\n"),
+        "the restored run resumed at iteration 15000:\n{text}"
     );
 
     // A payload byte flipped: the checksum catches it.
@@ -139,25 +140,30 @@ fn snapshot_restore_and_refusals() {
     std::fs::write(bad.join(STATE_FILE), &bytes).unwrap();
     refused(&bad, &[], "corrupt");
 
-    // An unknown format version.
-    let bad = copy_dir(&dir, "version");
-    let mut bytes = std::fs::read(bad.join(STATE_FILE)).unwrap();
-    bytes[8] = 2;
-    std::fs::write(bad.join(STATE_FILE), &bytes).unwrap();
-    refused(&bad, &[], "format version 2");
+    // A newer format version, and the older one this lwpvmm no longer reads.
+    for (version, want) in [
+        (3, "format version 3 is not supported"),
+        (1, "restore it with the lwpvmm that wrote it"),
+    ] {
+        let bad = copy_dir(&dir, "version");
+        let mut bytes = std::fs::read(bad.join(STATE_FILE)).unwrap();
+        bytes[8] = version;
+        std::fs::write(bad.join(STATE_FILE), &bytes).unwrap();
+        refused(&bad, &[], want);
+    }
 
     // The caller expects another profile.
     refused(
         &dir,
         &["--lwp", "bulldozer"],
-        "taken with LWP profile `emulated`",
+        "--lwp: snapshot: it was taken with LWP profile `emulated`, not `bulldozer`",
     );
 
     // The profile edited (with a valid checksum): the CPUID tables no
     // longer match what this host gives that profile.
     let bad = copy_dir(&dir, "profile");
     let mut state = snapshot::read_state(&bad).unwrap();
-    state.profile = "precise".into();
+    state.profile = LwpProfile::Precise;
     snapshot::write_state(&bad, &state).unwrap();
     refused(&bad, &[], "CPUID table differs");
 
@@ -197,8 +203,61 @@ fn snapshot_restore_and_refusals() {
     }
 }
 
+/// Precise events (instructions and branches retired, single-stepped)
+/// carry on after a restore: the snapshot holds the #DB-doorbell
+/// declaration and where stepping stood, and the restored unit grants them
+/// again. The rings of the restored and the uninterrupted run are the same.
 #[test]
-fn sigusr2_takes_a_snapshot_while_running() {
+fn precise_events_survive_a_snapshot() {
+    let work = scratch("precise-guest");
+    let elf = work.join("replay.elf");
+    std::fs::write(&elf, lwpvmm::guests::get("replay").unwrap()).unwrap();
+    let kernel = elf.to_str().unwrap();
+    for profile in ["precise", "bulldozer"] {
+        let run = |extra: &[&str]| {
+            let mut args = vec!["run", "--kernel", kernel, "--memory", "64", "--lwp", profile];
+            args.extend_from_slice(extra);
+            lwpvmm(&args)
+        };
+        // The same program: the port write at iteration 150 is an unclaimed
+        // port without --snapshot-on-port.
+        let plain = run(&["--cmdline", "iterations=300 precise=1 snap=150"]);
+        assert_eq!(plain.status.code(), Some(1), "{profile}: {plain:?}");
+        let dir = scratch(&format!("precise-{profile}"));
+        let metrics = work.join(format!("{profile}.json"));
+        let taken = run(&[
+            "--cmdline",
+            "iterations=300 precise=1 snap=150",
+            "--snapshot-dir",
+            dir.to_str().unwrap(),
+            "--snapshot-on-port",
+        ]);
+        assert_eq!(digest(&taken), digest(&plain), "{profile}: taking it changes nothing");
+        let restored = lwpvmm(&[
+            "restore",
+            dir.to_str().unwrap(),
+            "--metrics",
+            metrics.to_str().unwrap(),
+        ]);
+        assert_eq!(restored.status.code(), Some(1), "{profile}: {restored:?}");
+        assert_eq!(
+            digest(&restored),
+            digest(&plain),
+            "{profile}: the restored run's ring equals the uninterrupted run's"
+        );
+        let m: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&metrics).unwrap()).unwrap();
+        assert!(
+            m["vm"]["steps"].as_u64().unwrap() > 1000,
+            "{profile}: the restored run stepped: {m}"
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    let _ = std::fs::remove_dir_all(work);
+}
+
+#[test]
+fn a_timer_and_sigusr2_take_snapshots_while_running() {
     require_kvm();
     let work = scratch("usr2");
     let elf = work.join("replay.elf");
@@ -212,21 +271,44 @@ fn sigusr2_takes_a_snapshot_while_running() {
             "--memory",
             "32",
             "--cmdline",
-            ITERATIONS,
+            "iterations=1000000000",
         ])
         .args(["--snapshot-dir", dir.to_str().unwrap()])
+        .args(["--snapshot-after", "1"])
+        .env("RUST_LOG", "lwpvmm=info")
         .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    let sent = Command::new("kill")
-        .args(["-USR2", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(sent.success());
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("ready:") {
+        line.clear();
+        assert!(
+            stderr.read_line(&mut line).unwrap() > 0,
+            "lwpvmm ended before it was ready"
+        );
+    }
+    let signal = |name: &str| {
+        let sent = Command::new("kill")
+            .args([name, &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+    };
+    signal("-USR2");
+    let mut written = 0;
+    while written < 2 {
+        line.clear();
+        assert!(
+            stderr.read_line(&mut line).unwrap() > 0,
+            "lwpvmm ended before the snapshots (--snapshot-after's and SIGUSR2's)"
+        );
+        written += usize::from(line.contains("snapshot written"));
+    }
+    signal("-TERM");
     let status = child.wait().unwrap();
-    assert_eq!(status.code(), Some(1), "the VM ran on to its end");
-    assert!(dir.join(STATE_FILE).exists(), "SIGUSR2 wrote a snapshot");
+    assert_eq!(status.code(), Some(143), "the VM ran on until SIGTERM");
     let state = snapshot::read_state(&dir).unwrap();
     assert_eq!(state.memory.regions, vec![(0, 32 << 20)]);
     let _ = std::fs::remove_dir_all(work);

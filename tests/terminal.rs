@@ -67,11 +67,10 @@ fn snapshot_and_restore() {
         "--memory",
         "64",
         "--cmdline",
-        "iterations=30000",
+        "iterations=30000 snap=100",
         "--snapshot-dir",
         snap,
-        "--snapshot-after",
-        "1",
+        "--snapshot-on-port",
     ]);
     assert_eq!(status, Some(1), "{text}");
     assert!(text.contains("snapshot written"), "{text}");

@@ -11,8 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use lwpvmm::lwp::cpuid::{GuestLwpSupport, LwpProfile};
 use lwpvmm::vmm::devices::{GuestEnd, SerialOut};
-use lwpvmm::vmm::seccomp::SeccompMode;
-use lwpvmm::vmm::vm::{self, RunOutcome, VmConfig, VmEnd};
+use lwpvmm::vmm::{self, HostConfig, Profiling, RunOutcome, VmConfig, VmEnd};
 
 fn require_kvm() {
     assert!(
@@ -43,7 +42,7 @@ fn boot_with(
         guest,
         cmdline,
         vcpus,
-        vm::Profiling::default(),
+        Profiling::default(),
     )
 }
 
@@ -53,26 +52,25 @@ fn boot_profiled(
     guest: GuestLwpSupport,
     cmdline: &str,
     vcpus: u8,
-    profiling: vm::Profiling,
+    profiling: Profiling,
 ) -> (RunOutcome, String) {
     require_kvm();
     let console = Arc::new(Mutex::new(Vec::new()));
     let config = VmConfig {
         kernel: lwpvmm::guests::get(name).expect("embedded guest").to_vec(),
-        initramfs: None,
         cmdline: cmdline.into(),
         memory_mib: 64,
         vcpus,
         profile,
         guest,
-        serial: SerialOut::Capture(Arc::clone(&console)),
-        snapshots: vm::SnapshotPlan::default(),
-        seccomp: SeccompMode::On,
-        stop_on_signals: false,
-        profiling,
-        program: None,
+        host: HostConfig {
+            serial: SerialOut::Capture(Arc::clone(&console)),
+            profiling,
+            ..HostConfig::default()
+        },
+        ..VmConfig::default()
     };
-    let outcome = vm::run(&config).unwrap_or_else(|e| panic!("guest {name}: {e}"));
+    let outcome = vmm::run(&config).unwrap_or_else(|e| panic!("guest {name}: {e}"));
     let text = String::from_utf8_lossy(&console.lock().unwrap()).into_owned();
     (outcome, text)
 }
@@ -87,12 +85,6 @@ fn passes(name: &str, profile: LwpProfile) -> RunOutcome {
     );
     assert!(!text.contains("not ok"), "{text}");
     outcome
-}
-
-fn metric(outcome: &RunOutcome, name: &str) -> u64 {
-    outcome.metrics[name]
-        .as_u64()
-        .unwrap_or_else(|| panic!("metric {name}"))
 }
 
 #[test]
@@ -118,7 +110,7 @@ fn guest_reads_the_profile_cpuid() {
                 [v[0], v[1], v[2], v[3], v[4]]
             })
             .collect();
-        let want = vm::cpuid_table(profile, guest).unwrap();
+        let want = vmm::machine::cpuid_table(profile, guest).unwrap();
         let find = |leaf: u64| {
             let w = want.iter().find(|e| u64::from(e.leaf) == leaf);
             w.map(|e| {
@@ -146,20 +138,20 @@ fn guest_reads_the_profile_cpuid() {
 #[test]
 fn lwp_msrs_follow_the_model() {
     let outcome = passes("msr", LwpProfile::Emulated);
-    assert_eq!(metric(&outcome, "msr_gp"), 3, "three refused WRMSRs");
+    assert_eq!(outcome.metrics.total.msr_gp, 3, "three refused WRMSRs");
     passes("msr", LwpProfile::Off);
 }
 
 #[test]
 fn each_lwp_instruction_through_the_shim() {
     let outcome = passes("insn", LwpProfile::Emulated);
-    assert!(metric(&outcome, "ud_handled") > 40);
-    assert_eq!(metric(&outcome, "ud_faults"), 0);
+    assert!(outcome.metrics.total.ud_handled > 40);
+    assert_eq!(outcome.metrics.total.ud_faults, 0);
     let lwp = outcome.lwp[0];
     assert_eq!(lwp.records_missed, 4);
     // CPL0 LWP instructions: emulated after KVM's emulator gives up (kvm_pvm),
     // or through the shim (hosts that run CPL0 natively).
-    assert!(metric(&outcome, "cpl0_lwp") == 3 || metric(&outcome, "ud_handled") >= 53);
+    assert!(outcome.metrics.total.cpl0_lwp == 3 || outcome.metrics.total.ud_handled >= 53);
 }
 
 #[test]
@@ -176,30 +168,26 @@ fn lwp_instructions_are_ud_without_the_profile_or_the_shim() {
             VmEnd::Guest(GuestEnd::ExitPort(0x86)),
             "{profile} {guest:?}:\n{text}"
         );
-        assert_eq!(metric(&outcome, "ud_handled"), 0);
+        assert_eq!(outcome.metrics.total.ud_handled, 0);
     }
 }
 
 #[test]
 fn bad_lwpcbs_get_the_documented_faults() {
     let outcome = passes("bad_lwpcb", LwpProfile::Emulated);
-    assert_eq!(metric(&outcome, "ud_faults"), 8, "eight faulting LLWPCBs");
+    assert_eq!(outcome.metrics.total.ud_faults, 8, "eight faulting LLWPCBs");
     // (not present, protection, #GP) as bad_lwpcb.c's cases add up
-    let denials =
-        ["denied_not_present", "denied_protection", "denied_gp"].map(|m| metric(&outcome, m));
+    let m = &outcome.metrics.total;
+    let denials = [m.denied_not_present, m.denied_protection, m.denied_gp];
     assert_eq!(denials, [1, 2, 5], "denials by the check that refused them");
-    assert_eq!(
-        outcome.metrics["vcpus"].as_array().map(Vec::len),
-        Some(1),
-        "per-vCPU counters"
-    );
+    assert_eq!(outcome.metrics.vcpus.len(), 1, "per-vCPU counters");
 }
 
 #[test]
 fn threshold_interrupt_once_per_crossing() {
     let outcome = passes("threshold", LwpProfile::Emulated);
     assert_eq!(
-        metric(&outcome, "lwp_interrupts"),
+        outcome.metrics.total.lwp_interrupts,
         2 + 200,
         "two crossings, then a storm of 200"
     );
@@ -226,7 +214,7 @@ fn two_vcpus_never_mix_records() {
 #[test]
 fn two_tasks_keep_their_own_records_across_switches() {
     let outcome = passes("twotask", LwpProfile::Emulated);
-    let calls = metric(&outcome, "lwp_state_calls");
+    let calls = outcome.metrics.total.lwp_state_calls;
     assert!(
         calls >= 4 && calls.is_multiple_of(2),
         "a save and a restore per switch: {calls}"
@@ -239,18 +227,18 @@ fn two_tasks_keep_their_own_records_across_switches() {
 fn hostile_guest_gets_nowhere() {
     let outcome = passes("hostile", LwpProfile::Emulated);
     assert_eq!(
-        metric(&outcome, "lwp_interrupts_suppressed"),
+        outcome.metrics.total.lwp_interrupts_suppressed,
         50,
         "an interrupt storm on an exception vector"
     );
-    assert_eq!(metric(&outcome, "lwp_interrupts"), 0);
+    assert_eq!(outcome.metrics.total.lwp_interrupts, 0);
     assert_eq!(
-        metric(&outcome, "ud_not_lwp"),
+        outcome.metrics.total.ud_not_lwp,
         3,
         "bogus frame, no #UD, CPL3 doorbell"
     );
-    assert_eq!(metric(&outcome, "lwp_state_calls"), 3);
-    assert!(metric(&outcome, "llwpcb") >= 4000, "LLWPCB storm");
+    assert_eq!(outcome.metrics.total.lwp_state_calls, 3);
+    assert!(outcome.metrics.total.llwpcb >= 4000, "LLWPCB storm");
 }
 
 #[test]
@@ -281,7 +269,7 @@ fn sampled_events_stay_in_their_address_space() {
         "lwpvmm-test-{}-sample_as.trace",
         std::process::id()
     ));
-    let profiling = vm::Profiling {
+    let profiling = Profiling {
         sample_hz: 1000,
         trace: Some(trace.clone()),
         ..Default::default()
@@ -298,8 +286,8 @@ fn sampled_events_stay_in_their_address_space() {
         outcome.end == VmEnd::Guest(GuestEnd::ExitPort(0)) && text.contains("3 passed, 0 failed"),
         "{text}"
     );
-    let kicks = metric(&outcome, "sampler_kicks");
-    let charged = metric(&outcome, "samples_charged");
+    let kicks = outcome.metrics.total.sampler_kicks;
+    let charged = outcome.metrics.total.samples_charged;
     assert!(
         charged > 0 && charged < kicks,
         "samples in the other address space are not charged: {charged} of {kicks}"
@@ -328,7 +316,7 @@ fn precise_events_by_single_stepping() {
     for profile in [LwpProfile::Precise, LwpProfile::Bulldozer] {
         let outcome = passes("precise", profile);
         assert_eq!(
-            metric(&outcome, "steps"),
+            outcome.metrics.total.steps,
             194 + 11,
             "{profile}: one step per stepped instruction (the first after LLWPCB is counted by it)"
         );
@@ -500,11 +488,10 @@ fn a_failed_snapshot_fails_the_run() {
         "--memory",
         "64",
         "--cmdline",
-        "iterations=30000",
+        "iterations=3000 snap=100",
         "--snapshot-dir",
         dir.to_str().unwrap(),
-        "--snapshot-after",
-        "1",
+        "--snapshot-on-port",
     ]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
@@ -533,12 +520,12 @@ fn demo_succeeds() {
 fn privilege_comes_from_ss_not_cs() {
     let outcome = passes("privilege", LwpProfile::Emulated);
     assert_eq!(
-        metric(&outcome, "ud_not_lwp"),
+        outcome.metrics.total.ud_not_lwp,
         4,
         "three impossible frames and the forged one from CPL3"
     );
     assert_eq!(
-        metric(&outcome, "lwpins"),
+        outcome.metrics.total.lwpins,
         2,
         "the two frames the CPU pushes"
     );

@@ -3,7 +3,10 @@
  * drains now and then (the ring wraps). At the end it prints a digest of
  * the whole ring, the head, the tail, MissedEvents and the LWPVAL counter:
  * an uninterrupted run and a run restored from a snapshot taken midway
- * must print the same line. `iterations=` sets the length. */
+ * must print the same line. `iterations=` sets the length; `snap=N` writes
+ * to the snapshot debug port at iteration N (lwpvmm takes a snapshot there
+ * with --snapshot-on-port); `precise=1` adds instructions and branches
+ * retired (without timestamps, so the records stay deterministic). */
 #include <x86intrin.h>
 #include "lib.h"
 #include "lwp.h"
@@ -26,13 +29,21 @@ static u64 fnv(const void *p, u64 n, u64 h)
 int main(void)
 {
     u64 n = cmdline_number("iterations", 6000);
+    u64 snap = cmdline_number("snap", ~0ull);
     puts("replay: starting\n");
     cb.flags = LWP_VAL;
+    if (cmdline_number("precise", 0)) {
+        cb.flags |= LWP_IRE | LWP_BRE;
+        cb.events[1].interval = 63;
+        cb.events[2].interval = 15;
+    }
     cb.buffer_size = sizeof(ring);
     cb.buffer_base = (u64)ring;
     cb.events[0].interval = 3;
     __llwpcb(&cb);
     for (u64 i = 0; i < n; i++) {
+        if (i == snap)
+            __asm__ volatile("outb %%al, $0x5a" : : "a"(0) : "memory");
         __lwpval32((u32)(i * 3), (u32)i, 1);
         if (i % 7 == 0)
             __lwpins32((u32)i, 0x55, 2);
@@ -58,6 +69,8 @@ int main(void)
     put_dec(cb.missed);
     puts(" counter ");
     put_dec(cb.events[0].counter);
+    puts(" flags ");
+    put_hex(cb.flags);
     putc('\n');
     return 0;
 }

@@ -414,9 +414,11 @@ gdt_desc:
         .word 104                       /* I/O map base: right after */
         .globl \name\()_iomap
 \name\()_iomap:
-        /* Ports 0x000-0x3ff: allow 0x80, 0xf4 and 0x3f8-0x3ff, deny the
-         * rest. */
-        .fill 16, 1, 0xff
+        /* Ports 0x000-0x3ff: allow the snapshot debug port 0x5a, 0x80,
+         * 0xf4 and 0x3f8-0x3ff, deny the rest. */
+        .fill 11, 1, 0xff
+        .byte 0xfb                      /* 0x58-0x5f: allow 0x5a */
+        .fill 4, 1, 0xff
         .byte 0xfe                      /* 0x80-0x87: allow 0x80 */
         .fill 13, 1, 0xff
         .byte 0xef                      /* 0xf0-0xf7: allow 0xf4 */

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use crate::lwp::cpuid::{GuestLwpSupport, LwpProfile};
 use crate::vmm::devices::{GuestEnd, SerialOut};
 use crate::vmm::seccomp::SeccompMode;
-use crate::vmm::vm::{self, Profiling, SnapshotPlan, VmConfig, VmEnd};
+use crate::vmm::{self, HostConfig, Profiling, VmConfig, VmEnd};
 
 use super::report::trace_report;
 use super::{CliError, ProfileArgs, exit_status, finish, read};
@@ -28,23 +28,22 @@ fn guest_config(
 ) -> VmConfig {
     VmConfig {
         kernel,
-        initramfs: None,
-        cmdline: String::new(),
         memory_mib,
-        vcpus: 1,
         profile,
         guest: GuestLwpSupport::Shim,
-        serial,
-        snapshots: SnapshotPlan::default(),
-        seccomp: SeccompMode::On,
-        stop_on_signals: true,
-        profiling: Profiling {
-            sample_hz,
-            trace: Some(trace),
-            trace_max: GUEST_TRACE_MAX,
-            metrics: None,
+        host: HostConfig {
+            serial,
+            seccomp: SeccompMode::On,
+            stop_on_signals: true,
+            profiling: Profiling {
+                sample_hz,
+                trace: Some(trace),
+                trace_max: GUEST_TRACE_MAX,
+                metrics: None,
+            },
+            ..HostConfig::default()
         },
-        program: None,
+        ..VmConfig::default()
     }
 }
 
@@ -85,7 +84,7 @@ pub fn profile(out: &mut dyn Write, args: &ProfileArgs) -> Result<u8, CliError> 
         trace_file.clone(),
     );
     config.program = Some(program.clone());
-    let outcome = vm::run(&config);
+    let outcome = vmm::run(&config);
     let result = outcome.map_err(CliError::from).and_then(|o| {
         writeln!(
             out,
@@ -125,11 +124,11 @@ pub fn demo(out: &mut dyn Write, profile: LwpProfile) -> Result<u8, CliError> {
         trace_file.clone(),
     );
     let started = std::time::Instant::now();
-    let outcome = vm::run(&config)?;
+    let outcome = vmm::run(&config)?;
     let elapsed = started.elapsed();
     let text = console.lock().map(|c| c.clone()).unwrap_or_default();
     out.write_all(&text)?;
-    let m = &outcome.metrics;
+    let m = &outcome.metrics.total;
     let stats = outcome.lwp.first().copied().unwrap_or_default();
     writeln!(out, "---")?;
     writeln!(
@@ -141,17 +140,17 @@ pub fn demo(out: &mut dyn Write, profile: LwpProfile) -> Result<u8, CliError> {
     writeln!(
         out,
         "  LWP instructions emulated through the #UD doorbell: {} (llwpcb {}, slwpcb {}, lwpins {}, lwpval {})",
-        m["ud_handled"], m["llwpcb"], m["slwpcb"], m["lwpins"], m["lwpval"]
+        m.ud_handled, m.llwpcb, m.slwpcb, m.lwpins, m.lwpval
     )?;
     writeln!(
         out,
         "  records stored into the guest's ring: {}, missed: {}, LWP MSR exits: {}",
-        stats.records_stored, stats.records_missed, m["exits_msr"]
+        stats.records_stored, stats.records_missed, m.exits_msr
     )?;
     writeln!(
         out,
         "  sampler kicks: {}, samples charged to CNH/RNH: {}",
-        m["sampler_kicks"], m["samples_charged"]
+        m.sampler_kicks, m.samples_charged
     )?;
     writeln!(out, "host-side report from the trace (lwpvmm report):")?;
     trace_report(out, &trace_file, &config.kernel, 5)?;

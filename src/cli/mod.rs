@@ -14,12 +14,15 @@ use thiserror::Error;
 use crate::lwp::cpuid::{GuestLwpSupport, LwpProfile};
 use crate::profile::report::ReportError;
 use crate::profile::trace::TraceError;
+use crate::vmm::boot::BootError;
 use crate::vmm::devices::{GuestEnd, SerialOut};
 use crate::vmm::output::{OutputError, OutputKind};
 use crate::vmm::seccomp::SeccompMode;
 use crate::vmm::signals;
-use crate::vmm::vm::{
-    self, Profiling, RestoreConfig, RunOutcome, SnapshotPlan, VmConfig, VmEnd, VmError,
+use crate::vmm::snapshot::SnapshotError;
+use crate::vmm::{
+    self, HostConfig, Profiling, RestoreConfig, RunOutcome, SnapshotPlan, VmConfig, VmEnd,
+    VmError,
 };
 
 /// lwpvmm: AMD Lightweight Profiling for KVM guests on hosts without LWP.
@@ -84,7 +87,7 @@ pub struct RunArgs {
     #[arg(long, default_value = crate::vmm::boot::LINUX_CMDLINE)]
     pub cmdline: String,
     /// Guest RAM in MiB.
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = crate::vmm::config::DEFAULT_MEMORY_MIB)]
     pub memory: u64,
     /// Number of vCPUs (1 to 254, the xAPIC limit).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=254))]
@@ -140,6 +143,11 @@ pub struct HostArgs {
     /// --snapshot-dir).
     #[arg(long, requires = "snapshot_dir")]
     pub snapshot_after: Option<u64>,
+    /// For tests: take a snapshot whenever the guest writes to the snapshot
+    /// debug port 0x5A (docs/pv-abi.md), at that exact point (needs
+    /// --snapshot-dir).
+    #[arg(long, requires = "snapshot_dir")]
+    pub snapshot_on_port: bool,
 }
 
 /// A size: bytes, or a number with a K, M or G suffix (powers of 1024).
@@ -167,22 +175,26 @@ impl HostArgs {
     }
 }
 
-impl From<&HostArgs> for Profiling {
+impl From<&HostArgs> for HostConfig {
     fn from(a: &HostArgs) -> Self {
-        Profiling {
-            sample_hz: a.sample_hz,
-            trace: a.trace.clone(),
-            trace_max: a.trace_max,
-            metrics: a.metrics.clone(),
-        }
-    }
-}
-
-impl From<&HostArgs> for SnapshotPlan {
-    fn from(a: &HostArgs) -> Self {
-        SnapshotPlan {
-            dir: a.snapshot_dir.clone(),
-            after: a.snapshot_after.map(std::time::Duration::from_millis),
+        HostConfig {
+            serial: match a.serial.as_str() {
+                "stdout" => SerialOut::Stdout,
+                path => SerialOut::File(path.into()),
+            },
+            snapshots: SnapshotPlan {
+                dir: a.snapshot_dir.clone(),
+                after: a.snapshot_after.map(std::time::Duration::from_millis),
+                on_port: a.snapshot_on_port,
+            },
+            seccomp: a.seccomp(),
+            stop_on_signals: true,
+            profiling: Profiling {
+                sample_hz: a.sample_hz,
+                trace: a.trace.clone(),
+                trace_max: a.trace_max,
+                metrics: a.metrics.clone(),
+            },
         }
     }
 }
@@ -212,7 +224,7 @@ pub struct ProfileArgs {
     #[arg(long, default_value_t = 1000)]
     pub sample_hz: u32,
     /// Guest RAM in MiB.
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = crate::vmm::config::DEFAULT_MEMORY_MIB)]
     pub memory: u64,
     /// How many functions to list.
     #[arg(long, default_value_t = 20)]
@@ -337,6 +349,14 @@ pub enum CliError {
     /// The VM failed.
     #[error(transparent)]
     Vm(VmError),
+    /// The VM refused a value the user gave with an option.
+    #[error("{flag}: {source}")]
+    Option {
+        /// The option.
+        flag: &'static str,
+        /// Why.
+        source: VmError,
+    },
     /// The trace could not be read.
     #[error(transparent)]
     Trace(#[from] TraceError),
@@ -360,19 +380,29 @@ pub enum CliError {
 
 impl From<VmError> for CliError {
     fn from(e: VmError) -> Self {
-        match e {
-            VmError::Output(OutputError { kind, path, source }) => CliError::OutputPath {
-                flag: match kind {
-                    OutputKind::Serial => "--serial",
-                    OutputKind::Metrics => "--metrics",
-                    OutputKind::Trace => "--trace",
-                    OutputKind::SnapshotDir => "--snapshot-dir",
-                },
-                path,
-                source,
-            },
-            e => CliError::Vm(e),
-        }
+        let flag = match e {
+            VmError::Output(OutputError { kind, path, source }) => {
+                return CliError::OutputPath {
+                    flag: match kind {
+                        OutputKind::Serial => "--serial",
+                        OutputKind::Metrics => "--metrics",
+                        OutputKind::Trace => "--trace",
+                        OutputKind::SnapshotDir => "--snapshot-dir",
+                    },
+                    path,
+                    source,
+                };
+            }
+            VmError::VcpuCount { .. } => "--vcpus",
+            VmError::Boot(
+                BootError::MemorySize(_)
+                | BootError::KernelLoad(_)
+                | BootError::InitramfsTooLarge { .. },
+            ) => "--memory",
+            VmError::Snapshot(SnapshotError::ProfileMismatch { .. }) => "--lwp",
+            e => return CliError::Vm(e),
+        };
+        CliError::Option { flag, source: e }
     }
 }
 
@@ -390,6 +420,7 @@ pub fn exit_status(end: VmEnd) -> u8 {
         VmEnd::Guest(GuestEnd::PowerOff) => 0,
         VmEnd::Guest(GuestEnd::Reboot) => REBOOT_STATUS,
         VmEnd::Signal(signal) => 128u8.saturating_add(u8::try_from(signal).unwrap_or(0)),
+        VmEnd::Stopped => 0,
     }
 }
 
@@ -417,26 +448,18 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
                 vcpus: args.vcpus,
                 profile: args.lwp.into(),
                 guest: args.guest.into(),
-                serial: serial_out(&args.host.serial),
-                snapshots: (&args.host).into(),
-                seccomp: args.host.seccomp(),
-                stop_on_signals: true,
-                profiling: (&args.host).into(),
                 program: None,
+                host: (&args.host).into(),
             };
-            finish(vm::run(&config)?)
+            finish(vmm::run(&config)?)
         }
         Command::Restore(args) => {
             let config = RestoreConfig {
                 dir: args.dir.clone(),
-                serial: serial_out(&args.host.serial),
                 profile: args.lwp.map(Into::into),
-                snapshots: (&args.host).into(),
-                seccomp: args.host.seccomp(),
-                stop_on_signals: true,
-                profiling: (&args.host).into(),
+                host: (&args.host).into(),
             };
-            finish(vm::restore(&config)?)
+            finish(vmm::restore(&config)?)
         }
         Command::Report(args) => report::report(out, &args),
         Command::Profile(args) => guest::profile(out, &args),
@@ -445,13 +468,6 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
             cpuid::print(out, lwp.into(), guest.into(), json)?;
             Ok(0)
         }
-    }
-}
-
-fn serial_out(arg: &str) -> SerialOut {
-    match arg {
-        "stdout" => SerialOut::Stdout,
-        path => SerialOut::File(path.into()),
     }
 }
 

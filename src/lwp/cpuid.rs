@@ -276,7 +276,8 @@ impl LwpCaps {
 
 /// Which value CPUID 0x8000_001C.EAX (the OS-enabled set) carries. KVM fixes
 /// CPUID at the first KVM_RUN, so the dynamic register becomes a boot option.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum GuestLwpSupport {
     /// The guest carries lwpvmm's paravirtual shim: EAX is the profile's whole
     /// supported set, the value an OS that enabled everything would produce.
@@ -288,7 +289,8 @@ pub enum GuestLwpSupport {
 }
 
 /// A named LWP profile: what the guest is told and what the unit emulates.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum LwpProfile {
     /// No LWP at all.
     Off,

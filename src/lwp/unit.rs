@@ -120,6 +120,11 @@ impl LwpUnit {
         self.withheld = features;
     }
 
+    /// The features LLWPCB withholds.
+    pub fn withheld(&self) -> LwpFeatures {
+        self.withheld
+    }
+
     /// Keeps a copy of every record stored from now on, for a host-side
     /// trace; [`drain_log`](Self::drain_log) takes them.
     pub fn keep_log(&mut self) {

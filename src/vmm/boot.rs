@@ -65,7 +65,7 @@ const KERNEL_HDR_MAGIC: u32 = 0x5372_6448;
 pub enum BootError {
     /// Guest memory size out of range.
     #[error(
-        "guest memory of {0} MiB is out of range: give --memory between {MIN_MEMORY_MIB} and {MAX_MEMORY_MIB} MiB"
+        "guest memory of {0} MiB is out of range: give {MIN_MEMORY_MIB} to {MAX_MEMORY_MIB} MiB"
     )]
     MemorySize(u64),
     /// The mmap of guest RAM failed.
@@ -80,14 +80,14 @@ pub enum BootError {
         bzimage: linux_loader::loader::Error,
     },
     /// The image did not fit in guest memory.
-    #[error("cannot load the kernel ({0}): is --memory large enough for it?")]
+    #[error("cannot load the kernel ({0}): is guest memory large enough for it?")]
     KernelLoad(linux_loader::loader::Error),
     /// The command line is invalid or too long.
     #[error("invalid kernel command line: {0}")]
     Cmdline(linux_loader::cmdline::Error),
     /// The initramfs does not fit.
     #[error(
-        "the initramfs ({size} bytes) does not fit in guest memory below {limit:#x}: raise --memory"
+        "the initramfs ({size} bytes) does not fit in guest memory below {limit:#x}: give the guest more memory"
     )]
     InitramfsTooLarge {
         /// Its size.
@@ -100,7 +100,7 @@ pub enum BootError {
     BootData(String),
     /// A program for `lwpvmm profile` could not be loaded.
     #[error(
-        "cannot load the program ({0}): it must be a static x86-64 ELF linked at 16 MiB or above (resources/examples/program.ld), and --memory must cover it"
+        "cannot load the program ({0}): it must be a static x86-64 ELF linked at 16 MiB or above (resources/examples/program.ld), and guest memory must cover it"
     )]
     Program(linux_loader::loader::Error),
     /// A program ends past what the runtime maps.
@@ -532,8 +532,8 @@ mod tests {
             assert_eq!(got, want, "{mib} MiB");
         }
         for bad in [0, 15, MAX_MEMORY_MIB + 1] {
-            let err = ram_ranges(bad).unwrap_err().to_string();
-            assert!(err.contains("--memory"), "{err}");
+            let err = ram_ranges(bad).unwrap_err();
+            assert!(matches!(err, BootError::MemorySize(n) if n == bad), "{err}");
         }
     }
 

@@ -4,43 +4,12 @@
 //!
 //! Pure policy: it works on plain entries, so it is tested without KVM.
 
+use super::pv::{LEAF_PV_BASE, LEAF_PV_INFO, PV_ABI_VERSION, PV_SIGNATURE, PvFeatures};
+use super::pv::{EXIT_PORT, UD_PORT};
 use crate::lwp::cpuid::{
     CpuidEntry, EXT_FEATURES_ECX_LWP, GuestLwpSupport, LEAF_EXT_FEATURES, LEAF_EXT_MAX, LEAF_LWP,
     LwpFeatures, LwpProfile,
 };
-
-/// First leaf of lwpvmm's hypervisor range.
-pub const LEAF_PV_BASE: u32 = 0x4000_0100;
-/// The paravirtual-interface leaf.
-pub const LEAF_PV_INFO: u32 = 0x4000_0101;
-/// The signature in EBX, ECX, EDX of [`LEAF_PV_BASE`]: "LwpVmmLwpVmm".
-pub const PV_SIGNATURE: [u32; 3] = [
-    u32::from_le_bytes(*b"LwpV"),
-    u32::from_le_bytes(*b"mmLw"),
-    u32::from_le_bytes(*b"pVmm"),
-];
-/// The paravirtual interface version (docs/pv-abi.md).
-pub const PV_ABI_VERSION: u32 = 1;
-/// PV feature bit: the #UD doorbell for LWP instructions is available.
-pub const PV_FEATURE_UD_DOORBELL: u32 = 1 << 0;
-/// PV feature bit: the isa-debug-exit port ends the VM.
-pub const PV_FEATURE_EXIT_PORT: u32 = 1 << 1;
-/// PV feature bit: the LWP state calls (component-62 save and restore).
-pub const PV_FEATURE_LWP_STATE: u32 = 1 << 2;
-/// PV feature bit: the #DB doorbell, for precise events by single-stepping.
-pub const PV_FEATURE_DB_DOORBELL: u32 = 1 << 3;
-/// PV feature bit: the power port (write 0 to power off, 1 to reboot).
-pub const PV_FEATURE_POWER: u32 = 1 << 4;
-/// The port the guest's #DB handler writes to (its first instruction).
-pub const PV_DB_PORT: u16 = 0x5b;
-/// The port the guest's #UD handler writes to (its first instruction).
-pub const PV_UD_PORT: u16 = 0x5c;
-/// The port of the LWP state calls (docs/pv-abi.md).
-pub const PV_STATE_PORT: u16 = 0x5d;
-/// The power port (docs/pv-abi.md): how a guest without ACPI powers off.
-pub const PV_POWER_PORT: u16 = 0x5e;
-/// QEMU's isa-debug-exit port.
-pub const EXIT_PORT: u16 = 0xf4;
 
 /// The whole table for vCPU `vcpu_id`, from KVM's supported entries.
 pub fn build(
@@ -84,19 +53,11 @@ pub fn build(
             edx,
         });
     }
-    let features = PV_FEATURE_EXIT_PORT
-        | PV_FEATURE_POWER
-        | if has_lwp && guest == GuestLwpSupport::Shim {
-            PV_FEATURE_UD_DOORBELL
-        } else {
-            0
-        }
-        | if has_lwp { PV_FEATURE_LWP_STATE } else { 0 }
-        | if precise && guest == GuestLwpSupport::Shim {
-            PV_FEATURE_DB_DOORBELL
-        } else {
-            0
-        };
+    let shim = guest == GuestLwpSupport::Shim;
+    let mut features = PvFeatures::EXIT_PORT | PvFeatures::POWER;
+    features.set(PvFeatures::UD_DOORBELL, has_lwp && shim);
+    features.set(PvFeatures::LWP_STATE, has_lwp);
+    features.set(PvFeatures::DB_DOORBELL, precise && shim);
     table.push(CpuidEntry {
         leaf: LEAF_PV_BASE,
         subleaf: 0,
@@ -109,8 +70,8 @@ pub fn build(
         leaf: LEAF_PV_INFO,
         subleaf: 0,
         eax: PV_ABI_VERSION,
-        ebx: features,
-        ecx: u32::from(PV_UD_PORT),
+        ebx: features.bits(),
+        ecx: u32::from(UD_PORT),
         edx: u32::from(EXIT_PORT),
     });
     table.sort_by_key(|e| (e.leaf, e.subleaf));
@@ -173,7 +134,7 @@ mod tests {
                 let pv = find(&t, LEAF_PV_INFO);
                 let doorbell = lwp && guest == GuestLwpSupport::Shim;
                 assert_eq!(
-                    pv.ebx & PV_FEATURE_UD_DOORBELL != 0,
+                    PvFeatures::from_bits_truncate(pv.ebx).contains(PvFeatures::UD_DOORBELL),
                     doorbell,
                     "{profile} {guest:?}"
                 );

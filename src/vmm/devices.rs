@@ -13,7 +13,7 @@ use vm_superio::serial::{NoEvents, SerialState};
 use vm_superio::{Serial, Trigger};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::cpuid::{EXIT_PORT, PV_DB_PORT, PV_POWER_PORT, PV_STATE_PORT, PV_UD_PORT};
+use super::pv::{DB_PORT, EXIT_PORT, POWER_PORT, PowerOp, SNAPSHOT_PORT, STATE_PORT, UD_PORT};
 use super::snapshot::SerialSnapshot;
 
 /// The serial port's first register.
@@ -32,9 +32,6 @@ const CMOS_DATA_PORT: u16 = 0x71;
 /// which is how Linux reboots with `reboot=k`.
 const KBD_COMMAND_PORT: u16 = 0x64;
 const KBD_RESET: u8 = 0xfe;
-/// Values of the paravirtual power port.
-const POWER_OFF: u8 = 0;
-const POWER_REBOOT: u8 = 1;
 
 /// Where the guest's serial output goes.
 #[derive(Debug, Clone)]
@@ -111,6 +108,8 @@ pub enum PortAction {
     LwpStateCall,
     /// The #DB doorbell: a single-step trap for precise events.
     DbDoorbell,
+    /// The guest asks for a snapshot at this point (`--snapshot-on-port`).
+    SnapshotPoint,
     /// No device at this port.
     Unclaimed,
 }
@@ -118,6 +117,7 @@ pub enum PortAction {
 /// The devices on the port bus.
 pub struct PortBus {
     serial: Serial<IrqTrigger, NoEvents, Box<dyn Write + Send>>,
+    snapshot_port: bool,
 }
 
 impl PortBus {
@@ -126,7 +126,13 @@ impl PortBus {
     pub fn new(out: Box<dyn Write + Send>, irq: EventFd) -> Self {
         PortBus {
             serial: Serial::new(IrqTrigger(irq), out),
+            snapshot_port: false,
         }
+    }
+
+    /// Claims the snapshot debug port (docs/pv-abi.md): off by default.
+    pub fn claim_snapshot_port(&mut self) {
+        self.snapshot_port = true;
     }
 
     /// The bus with the UART's registers restored from a snapshot.
@@ -149,7 +155,10 @@ impl PortBus {
         };
         let serial = Serial::from_state(&s, IrqTrigger(irq), NoEvents, out)
             .map_err(|e| io::Error::other(format!("serial state: {e:?}")))?;
-        Ok(PortBus { serial })
+        Ok(PortBus {
+            serial,
+            snapshot_port: false,
+        })
     }
 
     /// The UART's registers, for a snapshot.
@@ -181,11 +190,15 @@ impl PortBus {
             EXIT_PORT => PortAction::End(GuestEnd::ExitPort(value)),
             POST_PORT | CMOS_INDEX_PORT => PortAction::Handled,
             KBD_COMMAND_PORT if value == KBD_RESET => PortAction::End(GuestEnd::Reboot),
-            PV_POWER_PORT if value == POWER_OFF => PortAction::End(GuestEnd::PowerOff),
-            PV_POWER_PORT if value == POWER_REBOOT => PortAction::End(GuestEnd::Reboot),
-            PV_UD_PORT => PortAction::UdDoorbell,
-            PV_STATE_PORT => PortAction::LwpStateCall,
-            PV_DB_PORT => PortAction::DbDoorbell,
+            POWER_PORT => match PowerOp::try_from(value) {
+                Ok(PowerOp::Off) => PortAction::End(GuestEnd::PowerOff),
+                Ok(PowerOp::Reboot) => PortAction::End(GuestEnd::Reboot),
+                Err(_) => PortAction::Unclaimed,
+            },
+            UD_PORT => PortAction::UdDoorbell,
+            STATE_PORT => PortAction::LwpStateCall,
+            DB_PORT => PortAction::DbDoorbell,
+            SNAPSHOT_PORT if self.snapshot_port => PortAction::SnapshotPoint,
             _ => PortAction::Unclaimed,
         }
     }
@@ -252,10 +265,13 @@ mod tests {
             (0x5b, 0, PortAction::DbDoorbell),
             (0x80, 0, PortAction::Handled),
             (0x81, 0, PortAction::Unclaimed),
+            (0x5a, 0, PortAction::Unclaimed),
         ];
         for (port, value, want) in table {
             assert_eq!(bus.write(port, &[value]), want, "{port:#x}");
         }
+        bus.claim_snapshot_port();
+        assert_eq!(bus.write(0x5a, &[0]), PortAction::SnapshotPoint);
         let mut d = [0u8; 1];
         assert_eq!(bus.read(0x61, &mut d), PortAction::Unclaimed);
         assert_eq!(d, [0xff]);

@@ -1,10 +1,9 @@
 //! The guard's view of a vCPU's paging: what its processor offers (from the
-//! CPUID table lwpvmm gave it), its control registers, and, under CR4.PKE,
-//! its PKRU, read from the vCPU's XSAVE state at each check (the guest
+//! CPUID table the guest sees), its control registers, and, under CR4.PKE,
+//! its PKRU, taken from the vCPU's XSAVE state at each check (the guest
 //! changes PKRU with WRPKRU at CPL3, without an exit).
 
-use kvm_bindings::{kvm_sregs, kvm_xsave};
-use kvm_ioctls::VcpuFd;
+use kvm_bindings::kvm_sregs;
 
 use crate::guard::{GuardError, Paging, PagingCaps};
 use crate::lwp::cpuid::CpuidEntry;
@@ -60,22 +59,6 @@ impl PagingSource {
         };
         Paging::from_regs(sregs.cr0, sregs.cr3, sregs.cr4, sregs.efer, self.caps, pkru)
     }
-
-    /// The paging of a running vCPU: PKRU read with KVM_GET_XSAVE when
-    /// protection keys apply (an ioctl only then).
-    pub fn of_vcpu(&self, fd: &VcpuFd, sregs: &kvm_sregs) -> Result<Paging, GuardError> {
-        let xsave = self
-            .needs_pkru(sregs)
-            .then(|| fd.get_xsave().ok())
-            .flatten()
-            .map(|x| xsave_bytes(&x));
-        self.paging(sregs, xsave.as_deref())
-    }
-}
-
-/// The bytes of a KVM XSAVE image.
-fn xsave_bytes(x: &kvm_xsave) -> Vec<u8> {
-    x.region.iter().flat_map(|w| w.to_le_bytes()).collect()
 }
 
 /// PKRU in a standard-format XSAVE image: 0 (its init state) when XSTATE_BV

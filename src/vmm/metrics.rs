@@ -1,30 +1,46 @@
-//! Counters of what the VM did, one set per vCPU, printed as JSON (totals
-//! and per vCPU) at the end of a run and on SIGUSR1. Guest-triggered
-//! warnings are counted here even when the rate limiter keeps them out of
-//! the log.
+//! Counters of what each vCPU did, read as a typed, serializable snapshot:
+//! one set per vCPU, summed per VM (the VM's figures are the totals over its
+//! vCPUs). Guest-triggered warnings are counted here even when the rate
+//! limiter keeps them out of the log.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
 
 use crate::lwp::fault::{GuestFault, PF_PRESENT, PF_RESERVED};
 
-macro_rules! metrics {
+macro_rules! counters {
     ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
-        /// Counters of one VM.
+        /// One vCPU's live counters, updated by its thread.
         #[derive(Debug, Default)]
-        pub struct Metrics {
+        pub struct VcpuMetrics {
             $($(#[$doc])* pub $name: AtomicU64,)*
         }
 
-        impl Metrics {
-            /// Every counter, by name.
-            pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
-                vec![$((stringify!($name), self.$name.load(Ordering::Relaxed)),)*]
+        /// The counters' values at one moment (one vCPU's, or a VM's
+        /// totals).
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+        pub struct Counters {
+            $($(#[$doc])* pub $name: u64,)*
+        }
+
+        impl VcpuMetrics {
+            /// The values now.
+            pub fn counters(&self) -> Counters {
+                Counters { $($name: self.$name.load(Ordering::Relaxed),)* }
+            }
+        }
+
+        impl Counters {
+            fn add(&mut self, other: &Counters) {
+                $(self.$name += other.$name;)*
             }
         }
     };
 }
 
-metrics! {
+counters! {
     /// Port-I/O exits.
     exits_io,
     /// MSR exits (LWP_CFG, LWP_CBADDR).
@@ -61,7 +77,7 @@ metrics! {
     unclaimed_ports,
     /// Other guest-triggered warnings.
     guest_warnings,
-    /// Snapshots written.
+    /// Snapshots written (counted on vCPU 0).
     snapshots,
     /// Records the vCPU's LWP unit stored into guest rings.
     records_stored,
@@ -83,7 +99,8 @@ metrics! {
     trace_dropped,
     /// LWP instructions and state calls refused with #PF, page not present.
     denied_not_present,
-    /// ... with #PF, a protection check (user/supervisor, read-only, NX).
+    /// ... with #PF, a protection check (user/supervisor, read-only, NX,
+    /// protection key).
     denied_protection,
     /// ... with #PF, a reserved bit in a paging entry.
     denied_reserved_bit,
@@ -91,12 +108,7 @@ metrics! {
     denied_gp,
 }
 
-impl Metrics {
-    /// The counters as a JSON object.
-    pub fn to_json(&self) -> serde_json::Value {
-        to_object(self.snapshot())
-    }
-
+impl VcpuMetrics {
     /// Counts a fault an LWP instruction or state call raised, by the check
     /// that refused it.
     pub fn count_denial(&self, fault: GuestFault) {
@@ -114,31 +126,78 @@ impl Metrics {
     }
 }
 
-fn to_object(pairs: Vec<(&'static str, u64)>) -> serde_json::Value {
-    serde_json::Value::Object(
-        pairs
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), v.into()))
-            .collect(),
-    )
+/// A VM's counters: the totals over its vCPUs, then each vCPU's own.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct VmCounters {
+    /// The sums over every vCPU.
+    #[serde(flatten)]
+    pub total: Counters,
+    /// Each vCPU's counters, by index.
+    pub vcpus: Vec<Counters>,
 }
 
-/// The VM's counters: the sum over its vCPUs, then each vCPU's own.
-pub fn vm_json(vcpus: &[std::sync::Arc<Metrics>]) -> serde_json::Value {
-    let per: Vec<Vec<(&'static str, u64)>> = vcpus.iter().map(|m| m.snapshot()).collect();
-    let total = per.first().map_or_else(Vec::new, |first| {
-        first
-            .iter()
-            .enumerate()
-            .map(|(i, (k, _))| (*k, per.iter().map(|p| p[i].1).sum()))
-            .collect()
-    });
-    let mut out = to_object(total);
-    if let serde_json::Value::Object(map) = &mut out {
-        map.insert(
-            "vcpus".into(),
-            serde_json::Value::Array(per.into_iter().map(to_object).collect()),
-        );
+impl VmCounters {
+    /// The VM's counters now.
+    pub fn of(vcpus: &[Arc<VcpuMetrics>]) -> Self {
+        let vcpus: Vec<Counters> = vcpus.iter().map(|m| m.counters()).collect();
+        let mut total = Counters::default();
+        vcpus.iter().for_each(|c| total.add(c));
+        VmCounters { total, vcpus }
     }
-    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lwp::fault::PF_USER;
+
+    #[test]
+    fn totals_sum_the_vcpus_and_serialise_flat() {
+        let a = Arc::new(VcpuMetrics::default());
+        let b = Arc::new(VcpuMetrics::default());
+        a.lwpins.fetch_add(3, Ordering::Relaxed);
+        b.lwpins.fetch_add(4, Ordering::Relaxed);
+        b.steps.fetch_add(1, Ordering::Relaxed);
+        let vm = VmCounters::of(&[a, b]);
+        assert_eq!((vm.total.lwpins, vm.total.steps), (7, 1));
+        assert_eq!(vm.vcpus[1].lwpins, 4);
+        let json = serde_json::to_value(&vm).unwrap();
+        assert_eq!(json["lwpins"], 7);
+        assert_eq!(json["vcpus"][0]["lwpins"], 3);
+    }
+
+    #[test]
+    fn denials_are_counted_by_check() {
+        let m = VcpuMetrics::default();
+        // (fault, the counter it lands in)
+        let table: [(GuestFault, fn(&Counters) -> u64); 4] = [
+            (
+                GuestFault::PageFault {
+                    address: 0,
+                    error_code: PF_USER,
+                },
+                |c| c.denied_not_present,
+            ),
+            (
+                GuestFault::PageFault {
+                    address: 0,
+                    error_code: PF_PRESENT | PF_USER,
+                },
+                |c| c.denied_protection,
+            ),
+            (
+                GuestFault::PageFault {
+                    address: 0,
+                    error_code: PF_PRESENT | PF_RESERVED,
+                },
+                |c| c.denied_reserved_bit,
+            ),
+            (GuestFault::GeneralProtection, |c| c.denied_gp),
+        ];
+        for (fault, counter) in table {
+            let before = counter(&m.counters());
+            m.count_denial(fault);
+            assert_eq!(counter(&m.counters()), before + 1, "{fault:?}");
+        }
+    }
 }

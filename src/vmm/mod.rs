@@ -1,15 +1,24 @@
-//! The KVM shell around the pure core: VM setup and boot, the vCPU loop,
-//! CPUID, the LWP MSRs, the paravirtual #UD path, devices and metrics.
+//! The KVM shell around the pure core. A [`Vmm`] owns a machine for its
+//! whole life: the builder makes one (booted, or restored from a snapshot),
+//! `run` runs it, a [`VmmHandle`] drives it. Below it: the machine (KVM,
+//! memory, irqchip, vCPUs with their CPUID), the vCPU threads and their exit
+//! handling, the control thread, the paravirtual ABI, devices, boot,
+//! snapshots, metrics and the host-side hardening.
 
 pub mod boot;
+pub mod builder;
+pub mod config;
+pub mod control;
 pub mod cpuid;
 pub mod devices;
+pub mod error;
 pub mod guest_paging;
 pub mod lwp_insn;
+pub mod machine;
 pub mod metrics;
 pub mod output;
-pub mod pause;
 pub mod privilege;
+pub mod pv;
 pub mod ratelimit;
 pub mod seccomp;
 pub mod signals;
@@ -17,4 +26,20 @@ pub mod snapshot;
 pub mod step;
 pub mod vcpu;
 pub mod vcpu_state;
-pub mod vm;
+#[allow(clippy::module_inception)]
+pub mod vmm;
+
+pub use builder::{build_for_boot, build_from_snapshot};
+pub use config::{HostConfig, Profiling, RestoreConfig, SnapshotPlan, VmConfig};
+pub use error::VmError;
+pub use vmm::{RunOutcome, SnapshotInfo, VmEnd, Vmm, VmmHandle};
+
+/// Boots `config.kernel` and runs the VM to its end.
+pub fn run(config: &VmConfig) -> Result<RunOutcome, VmError> {
+    build_for_boot(config)?.run()
+}
+
+/// Restores the snapshot of `config.dir` and runs the VM to its end.
+pub fn restore(config: &RestoreConfig) -> Result<RunOutcome, VmError> {
+    build_from_snapshot(config)?.run()
+}

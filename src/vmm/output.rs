@@ -5,11 +5,16 @@
 //! the snapshot directory.
 
 use std::fs::{File, OpenOptions};
-use std::io;
+use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use thiserror::Error;
+
+use super::config::HostConfig;
+use super::devices::SerialOut;
+use crate::lwp::cpuid::LwpProfile;
+use crate::profile::trace::{TRACE_VERSION, TraceHeader, TraceWriter};
 
 /// Which output a path is for; the command line names the option.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,6 +91,52 @@ impl RewriteFile {
     /// The file's path.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+}
+
+/// The console's writer.
+pub type Console = Box<dyn Write + Send>;
+
+/// The files a run writes besides the console.
+pub struct RunOutputs {
+    /// The metrics file.
+    pub metrics: Option<RewriteFile>,
+    /// The trace.
+    pub trace: Option<TraceWriter>,
+}
+
+impl RunOutputs {
+    /// Opens the console and every other output `host` names, in that order,
+    /// and prepares the snapshot directory.
+    pub fn open(host: &HostConfig, profile: LwpProfile) -> Result<(Console, Self), OutputError> {
+        let console = host.serial.writer().map_err(|e| match &host.serial {
+            SerialOut::File(path) => OutputError::new(OutputKind::Serial, path, e),
+            _ => OutputError::new(OutputKind::Serial, Path::new("stdout"), e),
+        })?;
+        let profiling = &host.profiling;
+        let metrics = profiling
+            .metrics
+            .as_deref()
+            .map(|p| RewriteFile::create(OutputKind::Metrics, p))
+            .transpose()?;
+        let trace = match &profiling.trace {
+            Some(path) => {
+                let header = TraceHeader {
+                    lwpvmm_trace: TRACE_VERSION,
+                    profile: profile.name().into(),
+                    sample_hz: profiling.sample_hz,
+                };
+                Some(
+                    TraceWriter::create(path, &header, profiling.trace_max)
+                        .map_err(|e| OutputError::new(OutputKind::Trace, path, e))?,
+                )
+            }
+            None => None,
+        };
+        if let Some(dir) = &host.snapshots.dir {
+            prepare_snapshot_dir(dir)?;
+        }
+        Ok((console, RunOutputs { metrics, trace }))
     }
 }
 

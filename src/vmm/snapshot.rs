@@ -10,16 +10,18 @@ use std::path::{Path, PathBuf};
 
 use crc::{CRC_64_ECMA_182, Crc};
 use kvm_bindings::{
-    kvm_clock_data, kvm_debugregs, kvm_irqchip, kvm_lapic_state, kvm_mp_state, kvm_pit_state2,
-    kvm_regs, kvm_sregs, kvm_vcpu_events, kvm_xcrs,
+    KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE, kvm_clock_data,
+    kvm_debugregs, kvm_irqchip, kvm_lapic_state, kvm_mp_state, kvm_pit_state2, kvm_regs, kvm_sregs,
+    kvm_vcpu_events, kvm_xcrs,
 };
+use kvm_ioctls::VmFd;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
+use super::vcpu::LwpState;
 use crate::guard::GuestMemory;
-use crate::lwp::cpuid::CpuidEntry;
-use crate::lwp::unit::UnitState;
+use crate::lwp::cpuid::{CpuidEntry, GuestLwpSupport, LwpProfile};
 
 /// The state file in a snapshot directory.
 pub const STATE_FILE: &str = "state.bin";
@@ -27,8 +29,10 @@ pub const STATE_FILE: &str = "state.bin";
 pub const MEMORY_FILE: &str = "memory.bin";
 /// The state file's first eight bytes.
 pub const MAGIC: [u8; 8] = *b"LWPVMMST";
-/// The format version this lwpvmm writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The format version this lwpvmm writes and reads: 2 saves each vCPU's
+/// whole LWP state (with the #DB-doorbell declaration and the stepping
+/// state) and names the profile and guest kind as enums.
+pub const FORMAT_VERSION: u32 = 2;
 const HEADER_LEN: usize = 8 + 4 + 4 + 8 + 8;
 /// The largest state payload accepted (it is JSON of a few KiB per vCPU).
 const MAX_PAYLOAD: u64 = 64 << 20;
@@ -50,7 +54,8 @@ pub enum SnapshotError {
     BadMagic(PathBuf),
     /// A format version this lwpvmm does not read.
     #[error(
-        "snapshot format version {found} is not supported (this lwpvmm reads version {FORMAT_VERSION})"
+        "snapshot format version {found} is not supported: this lwpvmm reads version {FORMAT_VERSION}{}",
+        if *.found < FORMAT_VERSION { " (restore it with the lwpvmm that wrote it)" } else { "" }
     )]
     Version {
         /// The file's version.
@@ -76,6 +81,22 @@ pub enum SnapshotError {
     /// The snapshot does not fit this host or these options.
     #[error("the snapshot does not match: {0}")]
     Mismatch(String),
+    /// The caller asked for another LWP profile than the snapshot's.
+    #[error("it was taken with LWP profile `{snapshot}`, not `{asked}`")]
+    ProfileMismatch {
+        /// The snapshot's.
+        snapshot: LwpProfile,
+        /// The one asked for.
+        asked: LwpProfile,
+    },
+    /// KVM refused the VM-wide state.
+    #[error("{what} failed: {source}")]
+    Kvm {
+        /// The ioctl.
+        what: &'static str,
+        /// Why.
+        source: kvm_ioctls::Error,
+    },
     /// The LWP section of a vCPU is invalid.
     #[error("vCPU {vcpu}: invalid LWP section: {reason}")]
     Lwp {
@@ -98,10 +119,10 @@ fn io_err(path: &Path) -> impl Fn(io::Error) -> SnapshotError + '_ {
 pub struct VmSnapshot {
     /// The lwpvmm version that wrote it.
     pub lwpvmm_version: String,
-    /// The LWP profile's name.
-    pub profile: String,
-    /// `shim` or `stock`.
-    pub guest: String,
+    /// The LWP profile.
+    pub profile: LwpProfile,
+    /// Whether the guest carries the paravirtual shim.
+    pub guest: GuestLwpSupport,
     /// Guest RAM.
     pub memory: MemoryLayout,
     /// In-kernel irqchip, PIT and clock.
@@ -134,6 +155,40 @@ pub struct VmKvmState {
     pub pit: kvm_pit_state2,
     /// kvmclock.
     pub clock: kvm_clock_data,
+}
+
+impl VmKvmState {
+    /// Reads it from a VM whose vCPUs are paused.
+    pub fn capture(vm: &VmFd) -> Result<Self, SnapshotError> {
+        let kvm = |what| move |source| SnapshotError::Kvm { what, source };
+        let chip = |chip_id| {
+            let mut c = kvm_irqchip {
+                chip_id,
+                ..Default::default()
+            };
+            vm.get_irqchip(&mut c)
+                .map(|()| c)
+                .map_err(kvm("KVM_GET_IRQCHIP"))
+        };
+        Ok(VmKvmState {
+            pic_master: chip(KVM_IRQCHIP_PIC_MASTER)?,
+            pic_slave: chip(KVM_IRQCHIP_PIC_SLAVE)?,
+            ioapic: chip(KVM_IRQCHIP_IOAPIC)?,
+            pit: vm.get_pit2().map_err(kvm("KVM_GET_PIT2"))?,
+            clock: vm.get_clock().map_err(kvm("KVM_GET_CLOCK"))?,
+        })
+    }
+
+    /// Sets it on a VM before its vCPUs run.
+    pub fn apply(&self, vm: &VmFd) -> Result<(), SnapshotError> {
+        let kvm = |what| move |source| SnapshotError::Kvm { what, source };
+        vm.set_pit2(&self.pit).map_err(kvm("KVM_SET_PIT2"))?;
+        vm.set_clock(&self.clock).map_err(kvm("KVM_SET_CLOCK"))?;
+        for chip in [&self.pic_master, &self.pic_slave, &self.ioapic] {
+            vm.set_irqchip(chip).map_err(kvm("KVM_SET_IRQCHIP"))?;
+        }
+        Ok(())
+    }
 }
 
 /// The 8250's registers (vm-superio's `SerialState`).
@@ -179,23 +234,8 @@ pub struct VcpuSnapshot {
     pub debugregs: kvm_debugregs,
     /// Multiprocessing state.
     pub mp_state: kvm_mp_state,
-    /// The LWP unit, when the VM has LWP.
-    pub lwp: Option<LwpSection>,
-}
-
-/// A vCPU's LWP unit: the component-62 image and everything it lacks.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct LwpSection {
-    /// The unit's whole state (LWP_CFG, the loaded block with MissedEvents,
-    /// Threshold, intervals, head, and a pending threshold interrupt).
-    pub unit: UnitState,
-    /// The component-62 image of the same state (for tools; checked against
-    /// `unit` on restore).
-    pub component62: Vec<u8>,
-    /// CR3 (address bits) of the address space that loaded the LWPCB: the
-    /// only one the sampler charges.
-    #[serde(default)]
-    pub lwpcb_cr3: Option<u64>,
+    /// The vCPU's LWP state, when the VM has LWP.
+    pub lwp: Option<LwpState>,
 }
 
 /// Encodes a state file: header, then the JSON payload.
@@ -350,8 +390,8 @@ mod tests {
     fn sample() -> VmSnapshot {
         VmSnapshot {
             lwpvmm_version: "test".into(),
-            profile: "emulated".into(),
-            guest: "shim".into(),
+            profile: LwpProfile::Emulated,
+            guest: GuestLwpSupport::Shim,
             memory: MemoryLayout {
                 regions: vec![(0, 1 << 20)],
                 crc64: 7,
@@ -372,7 +412,7 @@ mod tests {
     fn round_trip_and_every_corruption_refused() {
         let p = Path::new("state.bin");
         let good = encode(&sample()).unwrap();
-        assert_eq!(decode(&good, p).unwrap().profile, "emulated");
+        assert_eq!(decode(&good, p).unwrap().profile, LwpProfile::Emulated);
         type Corrupt = fn(&mut Vec<u8>);
         let table: [(&str, Corrupt); 5] = [
             ("magic", |b| b[0] = b'X'),

@@ -1,0 +1,296 @@
+//! The two ways to a [`Vmm`]: boot a kernel, or restore a snapshot (in the
+//! manner of Firecracker's `build_microvm_for_boot` and
+//! `build_microvm_from_snapshot`). Both open every output first, then KVM,
+//! then build the machine; a snapshot is checked whole before anything of it
+//! runs (docs/snapshot.md). Also the start-up probe that picks how vCPUs
+//! single-step.
+
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use kvm_ioctls::{Kvm, SyncReg, VcpuExit, VcpuFd};
+
+use super::boot;
+use super::config::{HostConfig, RestoreConfig, VmConfig};
+use super::cpuid;
+use super::devices::{POST_PORT, PortBus};
+use super::error::{VmError, setup};
+use super::machine::{self, MachineSpec};
+use super::output::RunOutputs;
+use super::privilege;
+use super::pv::{DB_PORT, EXIT_PORT};
+use super::snapshot::{self, SnapshotError, VcpuSnapshot, VmSnapshot};
+use super::step::StepBackend;
+use super::vcpu::VcpuOps;
+use super::vcpu_state;
+use super::vmm::Vmm;
+use super::guest_paging::PagingSource;
+use super::vcpu::Vcpu;
+use crate::guard::{Access, GuestMemory, GuestView};
+use crate::lwp::cpuid::{GuestLwpSupport, LwpFeatures, LwpProfile};
+
+/// Refuses host settings that need one another.
+fn check(host: &HostConfig) -> Result<(), VmError> {
+    let plan = &host.snapshots;
+    if plan.dir.is_none() && (plan.after.is_some() || plan.on_port) {
+        return Err(VmError::Config(
+            "a snapshot time or the snapshot port needs a snapshot directory",
+        ));
+    }
+    Ok(())
+}
+
+/// How vCPUs step, when the VM offers precise events to a shim guest.
+fn backend_for(kvm: &Kvm, profile: LwpProfile, guest: GuestLwpSupport) -> Option<StepBackend> {
+    let precise = profile
+        .caps()
+        .is_some_and(|c| c.supported.intersects(LwpFeatures::IRE | LwpFeatures::BRE));
+    (precise && guest == GuestLwpSupport::Shim).then(|| step_backend(kvm))
+}
+
+/// A VM that boots `config.kernel`.
+pub fn build_for_boot(config: &VmConfig) -> Result<Vmm, VmError> {
+    check(&config.host)?;
+    let (console, outputs) = RunOutputs::open(&config.host, config.profile)?;
+    let kvm = machine::open_kvm()?;
+    let spec = MachineSpec {
+        memory_mib: config.memory_mib,
+        vcpus: config.vcpus,
+        profile: config.profile,
+        guest: config.guest,
+    };
+    let machine = machine::create(
+        &kvm,
+        spec,
+        console,
+        |out, irq| Ok(PortBus::new(out, irq)),
+        &[],
+        backend_for(&kvm, config.profile, config.guest),
+    )?;
+    let mut cmdline = config.cmdline.clone();
+    if let Some(program) = &config.program {
+        let entry = boot::load_program(&machine.mem, program)?;
+        cmdline = format!("{cmdline} entry={entry}").trim().to_owned();
+    }
+    boot_kernel(
+        &machine.mem,
+        machine.vcpus[0].kvm_fd(),
+        &config.kernel,
+        &cmdline,
+        config.initramfs.as_deref(),
+    )?;
+    Vmm::new(machine, outputs, &config.host)
+}
+
+/// Loads a kernel, writes its boot information and sets the boot vCPU's
+/// registers.
+fn boot_kernel(
+    mem: &GuestMemory,
+    boot_vcpu: &VcpuFd,
+    image: &[u8],
+    cmdline: &str,
+    initramfs: Option<&[u8]>,
+) -> Result<(), VmError> {
+    let kernel = boot::load_kernel(mem, image)?;
+    boot::write_boot_info(mem, &kernel, cmdline, initramfs)?;
+    boot::write_gdt(mem)?;
+    let sregs = boot_vcpu.get_sregs().map_err(setup("KVM_GET_SREGS"))?;
+    let (regs, sregs) = boot::initial_state(kernel.entry, sregs);
+    boot_vcpu
+        .set_sregs(&sregs)
+        .map_err(setup("KVM_SET_SREGS"))?;
+    boot_vcpu.set_regs(&regs).map_err(setup("KVM_SET_REGS"))
+}
+
+/// A VM resumed from the snapshot in `config.dir`. Everything in it is
+/// checked before any vCPU runs.
+pub fn build_from_snapshot(config: &RestoreConfig) -> Result<Vmm, VmError> {
+    check(&config.host)?;
+    let started = Instant::now();
+    let snap = snapshot::read_state(&config.dir)?;
+    if let Some(asked) = config.profile
+        && asked != snap.profile
+    {
+        return Err(SnapshotError::ProfileMismatch {
+            snapshot: snap.profile,
+            asked,
+        }
+        .into());
+    }
+    let (console, outputs) = RunOutputs::open(&config.host, snap.profile)?;
+    let vcpus = check_layout(&snap)?;
+    let kvm = machine::open_kvm()?;
+    check_cpuid(&kvm, &snap)?;
+    let spec = MachineSpec {
+        memory_mib: snap.memory.regions.iter().map(|r| r.1).sum::<u64>() >> 20,
+        vcpus,
+        profile: snap.profile,
+        guest: snap.guest,
+    };
+    let saved: Vec<_> = snap.vcpus.iter().map(|v| v.lwp.as_ref()).collect();
+    let serial_state = snap.serial.clone();
+    let mut machine = machine::create(
+        &kvm,
+        spec,
+        console,
+        |out, irq| {
+            PortBus::from_state(out, irq, &serial_state).map_err(|e| {
+                SnapshotError::Mismatch(format!("the serial port's state: {e}")).into()
+            })
+        },
+        &saved,
+        backend_for(&kvm, snap.profile, snap.guest),
+    )?;
+    snapshot::read_memory(&config.dir, &machine.mem, &snap.memory)?;
+    for (vcpu, saved) in machine.vcpus.iter_mut().zip(&snap.vcpus) {
+        check_lwpcb(&machine.mem, vcpu, saved)?;
+        vcpu_state::apply(vcpu.kvm_fd(), saved, machine.xsave_size)
+            .map_err(|e| VmError::VcpuState(saved.id, e))?;
+    }
+    snap.vm.apply(&machine.vm)?;
+    log::info!(
+        "snapshot {} restored in {:.1} ms",
+        config.dir.display(),
+        started.elapsed().as_secs_f64() * 1e3
+    );
+    Vmm::new(machine, outputs, &config.host)
+}
+
+/// The snapshot's vCPU count, refusing ids that are not 0..n in order.
+fn check_layout(snap: &VmSnapshot) -> Result<u8, SnapshotError> {
+    let count = u8::try_from(snap.vcpus.len())
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| SnapshotError::Mismatch(format!("{} vCPUs", snap.vcpus.len())))?;
+    if snap
+        .vcpus
+        .iter()
+        .enumerate()
+        .any(|(i, v)| usize::from(v.id) != i)
+    {
+        return Err(SnapshotError::Mismatch(
+            "vCPU ids are not 0..n in order".into(),
+        ));
+    }
+    Ok(count)
+}
+
+/// Refuses a snapshot whose CPUID tables differ from what this host gives
+/// the same profile.
+fn check_cpuid(kvm: &Kvm, snap: &VmSnapshot) -> Result<(), VmError> {
+    let supported = machine::supported_cpuid(kvm)?;
+    for v in &snap.vcpus {
+        let here = cpuid::build(&supported, snap.profile, snap.guest, v.id);
+        if here != v.cpuid {
+            let differing: Vec<String> = here
+                .iter()
+                .filter(|e| !v.cpuid.contains(e))
+                .chain(v.cpuid.iter().filter(|e| !here.contains(e)))
+                .map(|e| format!("{:#x}.{}", e.leaf, e.subleaf))
+                .take(6)
+                .collect();
+            return Err(SnapshotError::Mismatch(format!(
+                "vCPU {}: the CPUID table differs from the one this host gives profile `{}` (leaves {})",
+                v.id,
+                snap.profile,
+                differing.join(", ")
+            ))
+            .into());
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a restored LWPCB the vCPU could not reach as a CPL3 store.
+fn check_lwpcb(mem: &GuestMemory, vcpu: &Vcpu, saved: &VcpuSnapshot) -> Result<(), SnapshotError> {
+    let Some(unit) = vcpu.lwp().unit() else {
+        return Ok(());
+    };
+    let Some(address) = unit.block().map(|b| b.address) else {
+        return Ok(());
+    };
+    let bad = |reason: String| SnapshotError::Lwp {
+        vcpu: saved.id,
+        reason,
+    };
+    let xsave: Vec<u8> = saved.xsave.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let paging = PagingSource::new(&saved.cpuid)
+        .paging(&saved.sregs, Some(&xsave))
+        .map_err(|e| bad(e.to_string()))?;
+    let size = u64::from(unit.caps().cb_size());
+    GuestView::new(mem, paging)
+        .check(address, size, Access::UserWrite)
+        .map_err(|e| {
+            bad(format!(
+                "the LWPCB at {address:#x} is not in guest RAM the vCPU can reach: {e}"
+            ))
+        })
+}
+
+/// Which stepping backend this host supports, probed once per process with
+/// a throwaway VM (capabilities cannot tell: kvm_pvm reports
+/// SET_GUEST_DEBUG and ROBUST_SINGLESTEP yet never exits for CPL3 steps).
+fn step_backend(kvm: &Kvm) -> StepBackend {
+    static BACKEND: OnceLock<StepBackend> = OnceLock::new();
+    *BACKEND.get_or_init(|| {
+        let backend = probe_step_backend(kvm).unwrap_or_else(|e| {
+            log::warn!("stepping probe failed ({e}); using the trap-flag backend");
+            StepBackend::TrapFlag
+        });
+        log::info!("precise events: the {} stepping backend", backend.name());
+        backend
+    })
+}
+
+/// Boots the `stepprobe` guest on a throwaway VM: KVM's single-step is
+/// turned on at its CPL3 port write; a Debug exit at CPL3 means the
+/// guest-debug backend works, the guest's #DB doorbell (or the exit port)
+/// means the trap flag went to the guest instead.
+fn probe_step_backend(kvm: &Kvm) -> Result<StepBackend, VmError> {
+    let spec = MachineSpec {
+        memory_mib: boot::MIN_MEMORY_MIB,
+        vcpus: 1,
+        profile: LwpProfile::Off,
+        guest: GuestLwpSupport::Stock,
+    };
+    let mut machine = machine::create(
+        kvm,
+        spec,
+        Box::new(std::io::sink()),
+        |out, irq| Ok(PortBus::new(out, irq)),
+        &[],
+        None,
+    )?;
+    let probe = crate::guests::get("stepprobe").unwrap_or_default();
+    boot_kernel(&machine.mem, machine.vcpus[0].kvm_fd(), probe, "", None)?;
+    let vcpu = machine.vcpus[0].kvm();
+    vcpu.fd_mut().set_sync_valid_reg(SyncReg::SystemRegister);
+    let mut enabled = false;
+    for _ in 0..10_000 {
+        // None: a Debug exit; Some(port): a port write; other exits end
+        // the probe.
+        let seen = match vcpu.fd_mut().run() {
+            Ok(VcpuExit::IoOut(port, _)) => Some(Some(port)),
+            Ok(VcpuExit::IoIn(_, data)) => {
+                data.fill(0xff);
+                Some(Some(0))
+            }
+            Ok(VcpuExit::Debug(_)) => Some(None),
+            Err(e) if e.errno() == libc::EINTR => Some(Some(0)),
+            _ => None,
+        };
+        match seen {
+            None => return Ok(StepBackend::TrapFlag),
+            Some(None) if privilege::is_user(&vcpu.sregs()) => {
+                return Ok(StepBackend::GuestDebug);
+            }
+            Some(Some(POST_PORT)) if !enabled => {
+                enabled = true;
+                vcpu.single_step(true)?;
+            }
+            Some(Some(DB_PORT | EXIT_PORT)) => return Ok(StepBackend::TrapFlag),
+            Some(_) => {}
+        }
+    }
+    Ok(StepBackend::TrapFlag)
+}

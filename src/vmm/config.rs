@@ -1,0 +1,137 @@
+//! What a VM is built from: [`VmConfig`] to boot a kernel, [`RestoreConfig`]
+//! to resume a snapshot, and the host-side settings both share
+//! ([`HostConfig`]). Every part has a default, so a caller states only what
+//! it changes.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::lwp::cpuid::{GuestLwpSupport, LwpProfile};
+use crate::vmm::devices::SerialOut;
+use crate::vmm::seccomp::SeccompMode;
+
+/// Guest RAM unless the caller sets it, in MiB.
+pub const DEFAULT_MEMORY_MIB: u64 = 128;
+/// The trace's size limit unless the caller sets one: 1 GiB.
+pub const DEFAULT_TRACE_MAX: u64 = 1 << 30;
+
+/// A kernel to boot.
+#[derive(Debug, Clone)]
+pub struct VmConfig {
+    /// The kernel image (ELF or bzImage).
+    pub kernel: Vec<u8>,
+    /// The initramfs, if any.
+    pub initramfs: Option<Vec<u8>>,
+    /// The kernel command line.
+    pub cmdline: String,
+    /// Guest RAM in MiB.
+    pub memory_mib: u64,
+    /// Number of vCPUs.
+    pub vcpus: u8,
+    /// The LWP profile.
+    pub profile: LwpProfile,
+    /// Whether the guest carries the paravirtual shim.
+    pub guest: GuestLwpSupport,
+    /// A user's program for the profile host guest (`lwpvmm profile`),
+    /// loaded beside the kernel; its entry goes on the command line.
+    pub program: Option<Vec<u8>>,
+    /// Console, snapshots, seccomp, signals, sampler and trace.
+    pub host: HostConfig,
+}
+
+impl Default for VmConfig {
+    fn default() -> Self {
+        VmConfig {
+            kernel: Vec::new(),
+            initramfs: None,
+            cmdline: String::new(),
+            memory_mib: DEFAULT_MEMORY_MIB,
+            vcpus: 1,
+            profile: LwpProfile::Emulated,
+            guest: GuestLwpSupport::Shim,
+            program: None,
+            host: HostConfig::default(),
+        }
+    }
+}
+
+/// A snapshot to resume.
+#[derive(Debug, Clone, Default)]
+pub struct RestoreConfig {
+    /// The snapshot directory.
+    pub dir: PathBuf,
+    /// The profile the caller expects, if any: a snapshot taken with
+    /// another is refused.
+    pub profile: Option<LwpProfile>,
+    /// Console, snapshots of the restored VM, seccomp, signals, sampler and
+    /// trace.
+    pub host: HostConfig,
+}
+
+/// What a running VM does on the host side, for both ways in.
+#[derive(Debug, Clone)]
+pub struct HostConfig {
+    /// Where serial output goes.
+    pub serial: SerialOut,
+    /// When and where to take snapshots.
+    pub snapshots: SnapshotPlan,
+    /// The seccomp filters of the vCPU and control threads.
+    pub seccomp: SeccompMode,
+    /// Stop the VM cleanly on SIGINT and SIGTERM (a second one ends the
+    /// process at once). For programs that own their signals, as the CLI.
+    pub stop_on_signals: bool,
+    /// The sampler, the trace and the metrics file.
+    pub profiling: Profiling,
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        HostConfig {
+            serial: SerialOut::Stdout,
+            snapshots: SnapshotPlan::default(),
+            seccomp: SeccompMode::On,
+            stop_on_signals: false,
+            profiling: Profiling::default(),
+        }
+    }
+}
+
+/// Sampled events, the host-side trace and the metrics file.
+#[derive(Debug, Clone)]
+pub struct Profiling {
+    /// Sampling kicks per second and vCPU (0: no sampler). The sampler runs
+    /// only when the profile has CNH or RNH.
+    pub sample_hz: u32,
+    /// Write every stored LWP record to this trace file.
+    pub trace: Option<PathBuf>,
+    /// The trace's size limit in bytes: records past it are counted in the
+    /// metrics (`trace_dropped`), not written, and the trace says so.
+    pub trace_max: u64,
+    /// Where the counters go as JSON at the end, and on SIGUSR1 while the
+    /// VM runs.
+    pub metrics: Option<PathBuf>,
+}
+
+impl Default for Profiling {
+    fn default() -> Self {
+        Profiling {
+            sample_hz: 0,
+            trace: None,
+            trace_max: DEFAULT_TRACE_MAX,
+            metrics: None,
+        }
+    }
+}
+
+/// When and where a running VM writes snapshots.
+#[derive(Debug, Clone, Default)]
+pub struct SnapshotPlan {
+    /// The snapshot directory; without it no snapshot is taken (SIGUSR2
+    /// and the options below need it).
+    pub dir: Option<PathBuf>,
+    /// Take one this long after the start.
+    pub after: Option<Duration>,
+    /// Take one whenever the guest writes to the snapshot debug port
+    /// (docs/pv-abi.md): at an exact point of the guest's, for tests.
+    pub on_port: bool,
+}

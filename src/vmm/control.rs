@@ -1,0 +1,472 @@
+//! The control thread of a running VM: an event-manager loop over the VM's
+//! end, requests from [`VmmHandle`](super::vmm::VmmHandle)s, snapshot
+//! points, the snapshot timer, the sampler, SIGUSR1/SIGUSR2, SIGINT/SIGTERM
+//! and console input. It pauses, resumes and snapshots the vCPUs through
+//! their handles (channels: nothing polls, nothing sleeps), and at the end
+//! stops and joins them. Its seccomp filter goes on once the loop's
+//! descriptors exist.
+
+use std::io::Read;
+use std::os::unix::io::{AsRawFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::Receiver;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use event_manager::{EventManager, EventOps, Events, MutEventSubscriber, SubscriberOps};
+use kvm_ioctls::VmFd;
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::eventfd::EventFd;
+use vmm_sys_util::timerfd::TimerFd;
+
+use super::config::SnapshotPlan;
+use super::error::VmError;
+use super::machine::MachineSpec;
+use super::metrics::{VcpuMetrics, VmCounters};
+use super::output::RewriteFile;
+use super::seccomp::{self, SeccompMode, ThreadKind};
+use super::signals::{self, StopSignals};
+use super::snapshot::{self, MemoryLayout, VmKvmState, VmSnapshot};
+use super::vcpu::{Shared, VcpuEvent, VcpuHandle, VcpuResponse, VcpuStop};
+use super::vmm::{Request, RunOutcome, SnapshotInfo, VmEnd, metrics_document};
+use crate::vmm::devices::GuestEnd;
+
+/// Everything the control thread owns.
+pub struct Control {
+    /// The VM (its irqchip, PIT and clock for snapshots).
+    pub vm: Arc<VmFd>,
+    /// What the vCPUs share.
+    pub shared: Arc<Shared>,
+    /// The running vCPUs.
+    pub vcpus: Vec<VcpuHandle>,
+    /// Their counters.
+    pub metrics: Vec<Arc<VcpuMetrics>>,
+    /// The metrics file.
+    pub metrics_file: Option<RewriteFile>,
+    /// What the machine is.
+    pub spec: MachineSpec,
+    /// When and where to take snapshots.
+    pub plan: SnapshotPlan,
+    /// The sampler's period, when it runs.
+    pub sample_period: Option<Duration>,
+    /// Requests from handles, and the descriptor that wakes the loop for
+    /// them.
+    pub requests: (Receiver<Request>, EventFd),
+    /// SIGINT and SIGTERM, when the VM stops on them.
+    pub stop_signals: Option<StopSignals>,
+}
+
+/// What the event loop saw, for the loop to act on.
+#[derive(Default)]
+struct Seen {
+    done: bool,
+    signal: Option<i32>,
+    snapshot: bool,
+    metrics: bool,
+    samples: u64,
+    requests: bool,
+}
+
+/// The loop's descriptors.
+struct Sources {
+    exit: EventFd,
+    snapshot_point: EventFd,
+    wake: EventFd,
+    timer: Option<TimerFd>,
+    sampler: Option<TimerFd>,
+    sigusr1: Option<UnixStream>,
+    sigusr2: Option<UnixStream>,
+    stop_signals: Option<StopSignals>,
+    stdin: Option<std::io::Stdin>,
+    bus: Arc<Mutex<crate::vmm::devices::PortBus>>,
+    seen: Seen,
+}
+
+fn drain(fd: &mut impl Read) {
+    let mut b = [0u8; 64];
+    let _ = fd.read(&mut b);
+}
+
+impl MutEventSubscriber for Sources {
+    fn process(&mut self, events: Events, ops: &mut EventOps) {
+        let fd = events.fd();
+        let seen = &mut self.seen;
+        if fd == self.exit.as_raw_fd() {
+            seen.done = true;
+        } else if fd == self.snapshot_point.as_raw_fd() {
+            let _ = self.snapshot_point.read();
+            seen.snapshot = true;
+        } else if fd == self.wake.as_raw_fd() {
+            let _ = self.wake.read();
+            seen.requests = true;
+        } else if let Some(t) = self.sampler.as_mut().filter(|t| t.as_raw_fd() == fd) {
+            seen.samples += t.wait().unwrap_or(0);
+        } else if let Some(t) = self.timer.as_mut().filter(|t| t.as_raw_fd() == fd) {
+            let _ = t.wait();
+            seen.snapshot = true;
+        } else if let Some(s) = self.sigusr2.as_mut().filter(|s| s.as_raw_fd() == fd) {
+            drain(s);
+            seen.snapshot = true;
+        } else if let Some(s) = self.sigusr1.as_mut().filter(|s| s.as_raw_fd() == fd) {
+            drain(s);
+            seen.metrics = true;
+        } else if let Some(signal) = self.stop_signals.as_mut().and_then(|s| s.arrived(fd)) {
+            seen.signal.get_or_insert(signal);
+            seen.done = true;
+        } else {
+            self.console_input(ops);
+        }
+    }
+
+    fn init(&mut self, ops: &mut EventOps) {
+        let mut fds: Vec<RawFd> = vec![
+            self.exit.as_raw_fd(),
+            self.snapshot_point.as_raw_fd(),
+            self.wake.as_raw_fd(),
+        ];
+        fds.extend(self.timer.iter().chain(&self.sampler).map(AsRawFd::as_raw_fd));
+        fds.extend(self.sigusr1.iter().chain(&self.sigusr2).map(AsRawFd::as_raw_fd));
+        fds.extend(self.stop_signals.iter().flat_map(StopSignals::fds));
+        for fd in fds {
+            let _ = ops.add(Events::new_raw(fd, EventSet::IN));
+        }
+        if let Some(s) = &self.stdin
+            && ops
+                .add(Events::new_raw(s.as_raw_fd(), EventSet::IN))
+                .is_err()
+        {
+            self.stdin = None;
+        }
+    }
+}
+
+impl Sources {
+    fn console_input(&mut self, ops: &mut EventOps) {
+        let mut buf = [0u8; 64];
+        let n = match &self.stdin {
+            Some(s) => s.lock().read(&mut buf).unwrap_or(0),
+            None => 0,
+        };
+        if n == 0 {
+            if let Some(s) = self.stdin.take() {
+                let _ = ops.remove(Events::new_raw(s.as_raw_fd(), EventSet::IN));
+            }
+            return;
+        }
+        if let Ok(mut bus) = self.bus.lock() {
+            let _ = bus.serial_input(&buf[..n]);
+        }
+    }
+}
+
+/// A socket that receives a byte whenever `signal` arrives (signal-hook
+/// writes it from the handler), for the event loop.
+fn signal_pipe(signal: libc::c_int, what: &'static str) -> Result<UnixStream, VmError> {
+    let err = |source| VmError::Signal { what, source };
+    let (reader, writer) = UnixStream::pair().map_err(err)?;
+    reader.set_nonblocking(true).map_err(err)?;
+    signal_hook::low_level::pipe::register(signal, writer).map_err(err)?;
+    Ok(reader)
+}
+
+fn timer(first: Duration, period: Option<Duration>) -> Result<TimerFd, VmError> {
+    let err = |e: vmm_sys_util::errno::Error| VmError::EventLoop(format!("timerfd: {e}"));
+    let mut t = TimerFd::new().map_err(err)?;
+    t.reset(first, period).map_err(err)?;
+    Ok(t)
+}
+
+fn stdin_is_terminal() -> bool {
+    use std::io::IsTerminal;
+    std::io::stdin().is_terminal()
+}
+
+impl Control {
+    /// Runs the VM to its end.
+    pub fn run(mut self, seccomp: SeccompMode) -> Result<RunOutcome, VmError> {
+        let event_err = |e: event_manager::Error| VmError::EventLoop(format!("{e:?}"));
+        let clone = |fd: &EventFd| {
+            fd.try_clone().map_err(|source| VmError::Thread {
+                what: "control",
+                source,
+            })
+        };
+        let sources = Arc::new(Mutex::new(Sources {
+            exit: clone(&self.shared.exit)?,
+            snapshot_point: clone(&self.shared.snapshot_point)?,
+            wake: clone(&self.requests.1)?,
+            timer: match (&self.plan.dir, self.plan.after) {
+                (Some(_), Some(after)) => Some(timer(after.max(Duration::from_millis(1)), None)?),
+                _ => None,
+            },
+            sampler: self
+                .sample_period
+                .map(|p| timer(p, Some(p)))
+                .transpose()?,
+            sigusr1: self
+                .metrics_file
+                .as_ref()
+                .map(|_| signal_pipe(signal_hook::consts::SIGUSR1, "SIGUSR1"))
+                .transpose()?,
+            sigusr2: self
+                .plan
+                .dir
+                .as_ref()
+                .map(|_| signal_pipe(signal_hook::consts::SIGUSR2, "SIGUSR2"))
+                .transpose()?,
+            stop_signals: self.stop_signals.take(),
+            stdin: stdin_is_terminal().then(std::io::stdin),
+            bus: Arc::clone(&self.shared.bus),
+            seen: Seen::default(),
+        }));
+        let mut manager = EventManager::<Arc<Mutex<dyn MutEventSubscriber + Send>>>::new()
+            .map_err(event_err)?;
+        manager.add_subscriber(sources.clone());
+        seccomp::install(ThreadKind::Control, seccomp, "control")?;
+        log::info!(
+            "ready: {} vCPU(s) running (pid {}); SIGUSR1 writes the metrics, SIGUSR2 takes a snapshot",
+            self.vcpus.len(),
+            std::process::id()
+        );
+        let mut errors = Vec::new();
+        let mut paused = false;
+        let signal = loop {
+            let seen = sources
+                .lock()
+                .map(|mut s| std::mem::take(&mut s.seen))
+                .unwrap_or(Seen {
+                    done: true,
+                    ..Seen::default()
+                });
+            if seen.done {
+                break seen.signal;
+            }
+            if seen.metrics {
+                self.write_metrics(None, &[], &mut errors);
+            }
+            if seen.samples > 0 && !paused {
+                self.vcpus.iter().for_each(VcpuHandle::kick_sample);
+            }
+            if seen.snapshot
+                && let Some(dir) = self.plan.dir.clone()
+                && let Err(e) = self.snapshot(&dir, &mut paused)
+            {
+                log::error!("{e}");
+                errors.push(e);
+            }
+            if seen.requests && self.requests(&mut paused) {
+                break None;
+            }
+            manager.run().map_err(event_err)?;
+        };
+        self.finish(signal, errors)
+    }
+
+    /// Answers every waiting request; true when one asks to stop.
+    fn requests(&mut self, paused: &mut bool) -> bool {
+        while let Ok(request) = self.requests.0.try_recv() {
+            match request {
+                Request::Pause(reply) => {
+                    let _ = reply.send(self.pause(paused));
+                }
+                Request::Resume(reply) => {
+                    let _ = reply.send(self.resume(paused));
+                }
+                Request::Snapshot(dir, reply) => {
+                    let _ = reply.send(self.snapshot(&dir, paused));
+                }
+                Request::Metrics(reply) => {
+                    let _ = reply.send(VmCounters::of(&self.metrics));
+                }
+                Request::Stop => return true,
+            }
+        }
+        false
+    }
+
+    /// Pauses every vCPU (waits until each is at its consistent point).
+    fn pause(&mut self, paused: &mut bool) -> Result<(), String> {
+        if *paused {
+            return Ok(());
+        }
+        let stopped = || "the VM stopped before every vCPU paused".to_owned();
+        for h in &self.vcpus {
+            if !h.send(VcpuEvent::Pause) {
+                return Err(stopped());
+            }
+        }
+        for h in &self.vcpus {
+            match h.recv() {
+                Some(VcpuResponse::Paused) => {}
+                Some(other) => return Err(format!("a vCPU answered {other:?} to a pause")),
+                None => return Err(stopped()),
+            }
+        }
+        *paused = true;
+        Ok(())
+    }
+
+    /// Lets every paused vCPU run again.
+    fn resume(&mut self, paused: &mut bool) -> Result<(), String> {
+        if !*paused {
+            return Ok(());
+        }
+        for h in &self.vcpus {
+            h.send(VcpuEvent::Resume);
+        }
+        for h in &self.vcpus {
+            if !matches!(h.recv(), Some(VcpuResponse::Resumed)) {
+                return Err("a vCPU did not resume (the VM stopped)".into());
+            }
+        }
+        *paused = false;
+        Ok(())
+    }
+
+    /// Pauses the VM (unless it is paused), writes a snapshot to `dir`,
+    /// and resumes it if it was running.
+    fn snapshot(&mut self, dir: &Path, paused: &mut bool) -> Result<SnapshotInfo, String> {
+        let started = Instant::now();
+        let was_paused = *paused;
+        let fail = |e: String| format!("the snapshot to {} failed: {e}", dir.display());
+        self.pause(paused).map_err(fail)?;
+        let pause_time = started.elapsed();
+        let result = self.write_snapshot(dir).map_err(fail);
+        if !was_paused {
+            self.resume(paused).map_err(fail)?;
+        }
+        let (state_bytes, memory_bytes) = result?;
+        self.metrics[0].snapshots.fetch_add(1, Ordering::Relaxed);
+        let info = SnapshotInfo {
+            dir: dir.to_owned(),
+            state_bytes,
+            memory_bytes,
+            pause_time,
+            total_time: started.elapsed(),
+        };
+        log::info!(
+            "snapshot written to {} in {:.1} ms ({state_bytes} bytes of state, {memory_bytes} bytes of memory)",
+            dir.display(),
+            info.total_time.as_secs_f64() * 1e3
+        );
+        Ok(info)
+    }
+
+    fn write_snapshot(&self, dir: &Path) -> Result<(u64, u64), String> {
+        let mut vcpus = Vec::new();
+        for h in &self.vcpus {
+            h.send(VcpuEvent::SaveState);
+        }
+        for h in &self.vcpus {
+            match h.recv() {
+                Some(VcpuResponse::State(state)) => vcpus.push((*state)?),
+                _ => return Err("a vCPU did not save its state".into()),
+            }
+        }
+        let vm = VmKvmState::capture(&self.vm).map_err(|e| e.to_string())?;
+        let serial = self
+            .shared
+            .bus
+            .lock()
+            .map_err(|_| "the serial port's lock is poisoned".to_owned())?
+            .serial_state();
+        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+        let (crc64, memory_bytes) =
+            snapshot::write_memory(dir, &self.shared.mem).map_err(|e| e.to_string())?;
+        let state = VmSnapshot {
+            lwpvmm_version: env!("CARGO_PKG_VERSION").into(),
+            profile: self.spec.profile,
+            guest: self.spec.guest,
+            memory: MemoryLayout {
+                regions: snapshot::layout(&self.shared.mem),
+                crc64,
+            },
+            vm,
+            serial,
+            vcpus,
+        };
+        let state_bytes = snapshot::write_state(dir, &state).map_err(|e| e.to_string())?;
+        Ok((state_bytes, memory_bytes))
+    }
+
+    fn write_metrics(
+        &self,
+        end: Option<VmEnd>,
+        lwp: &[crate::lwp::unit::UnitStats],
+        errors: &mut Vec<String>,
+    ) {
+        let Some(file) = &self.metrics_file else {
+            return;
+        };
+        let counters = VmCounters::of(&self.metrics);
+        let document = metrics_document(end, &counters, lwp);
+        if let Err(e) = serde_json::to_vec_pretty(&document)
+            .map_err(std::io::Error::other)
+            .and_then(|bytes| file.replace(&bytes))
+        {
+            let e = format!(
+                "cannot write the metrics to {}: {e}",
+                file.path().display()
+            );
+            log::error!("{e}");
+            if end.is_some() {
+                errors.push(e);
+            }
+        }
+    }
+
+    /// Stops and joins every vCPU, flushes the console and the trace, writes
+    /// the metrics, and says how the VM ended.
+    fn finish(
+        mut self,
+        signal: Option<i32>,
+        mut errors: Vec<String>,
+    ) -> Result<RunOutcome, VmError> {
+        self.shared.stop.store(true, Ordering::Release);
+        for h in &self.vcpus {
+            h.send(VcpuEvent::Finish);
+        }
+        let mut first: Option<Result<GuestEnd, VmError>> = None;
+        let mut lwp = Vec::new();
+        for (id, h) in std::mem::take(&mut self.vcpus).into_iter().enumerate() {
+            let (result, stats) = h
+                .join()
+                .map_err(|_| VmError::Panicked(format!("vCPU {id}")))?;
+            lwp.push(stats);
+            let r = match result {
+                Ok(VcpuStop::Ended(end)) => Some(Ok(end)),
+                Ok(VcpuStop::Stopped) => None,
+                Err(e) => Some(Err(VmError::from(e))),
+            };
+            if first.is_none() {
+                first = r;
+            }
+        }
+        if let Ok(mut b) = self.shared.bus.lock() {
+            b.flush();
+        }
+        if let Some(t) = &self.shared.trace
+            && t.lock().map_or(true, |mut t| t.flush().is_err())
+        {
+            self.metrics[0].trace_errors.fetch_add(1, Ordering::Relaxed);
+        }
+        let end = match (first, signal) {
+            (Some(Err(e)), _) => return Err(e),
+            (Some(Ok(end)), _) => VmEnd::Guest(end),
+            (None, Some(signal)) => {
+                log::info!("{} received: the VM was stopped", signals::name(signal));
+                VmEnd::Signal(signal)
+            }
+            (None, None) => VmEnd::Stopped,
+        };
+        self.write_metrics(Some(end), &lwp, &mut errors);
+        Ok(RunOutcome {
+            end,
+            metrics: VmCounters::of(&self.metrics),
+            lwp,
+            errors,
+        })
+    }
+}

@@ -1,0 +1,92 @@
+//! Why a VM could not be built or run. Each variant carries the values and
+//! the source it needs; none names a command-line option (the CLI adds
+//! those where a user set the value).
+
+use thiserror::Error;
+
+use super::boot::BootError;
+use super::output::OutputError;
+use super::seccomp::SeccompError;
+use super::snapshot::SnapshotError;
+use super::vcpu::VcpuError;
+use super::vcpu_state::VcpuStateError;
+
+/// Why a VM could not be built or run.
+#[derive(Debug, Error)]
+pub enum VmError {
+    /// /dev/kvm cannot be opened.
+    #[error(
+        "cannot open /dev/kvm ({0}): lwpvmm needs KVM; check that the kvm module is loaded and that you may read and write /dev/kvm"
+    )]
+    NoKvm(kvm_ioctls::Error),
+    /// A capability lwpvmm needs is missing.
+    #[error("this KVM lacks {0}, which lwpvmm needs")]
+    MissingCap(&'static str),
+    /// A KVM ioctl failed during setup.
+    #[error("{what} failed: {source}")]
+    Setup {
+        /// What was being done.
+        what: &'static str,
+        /// The error.
+        source: kvm_ioctls::Error,
+    },
+    /// Booting failed.
+    #[error(transparent)]
+    Boot(#[from] BootError),
+    /// A vCPU count out of range.
+    #[error("{requested} vCPUs is out of range: this KVM takes 1 to {max}")]
+    VcpuCount {
+        /// What was asked for.
+        requested: u8,
+        /// The most this host (and xAPIC) allows.
+        max: usize,
+    },
+    /// A setting that needs another one.
+    #[error("{0}")]
+    Config(&'static str),
+    /// A vCPU ended the VM with an error.
+    #[error(transparent)]
+    Vcpu(#[from] VcpuError),
+    /// An output file or directory cannot be created or written.
+    #[error(transparent)]
+    Output(#[from] OutputError),
+    /// The control thread's seccomp filter could not be installed.
+    #[error("control thread: {0}")]
+    Seccomp(#[from] SeccompError),
+    /// A signal handler could not be installed.
+    #[error("cannot handle {what}: {source}")]
+    Signal {
+        /// Which signal.
+        what: &'static str,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The control thread's event loop failed.
+    #[error("the event loop failed: {0}")]
+    EventLoop(String),
+    /// A thread could not be started.
+    #[error("cannot start the {what} thread: {source}")]
+    Thread {
+        /// Which thread.
+        what: &'static str,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A thread panicked.
+    #[error("the {0} thread panicked")]
+    Panicked(String),
+    /// A snapshot could not be read, written, or was refused.
+    #[error("snapshot: {0}")]
+    Snapshot(#[from] SnapshotError),
+    /// A vCPU's saved state could not be restored.
+    #[error("vCPU {0}: {1}")]
+    VcpuState(u8, VcpuStateError),
+    /// The VM already ended.
+    #[error("the VM is not running")]
+    NotRunning,
+}
+
+/// A KVM setup ioctl's error, named.
+pub fn setup(what: &'static str) -> impl Fn(kvm_ioctls::Error) -> VmError {
+    move |source| VmError::Setup { what, source }
+}

@@ -1,0 +1,314 @@
+//! The KVM machine: /dev/kvm with every capability lwpvmm relies on
+//! checked, the VM with its memory slots, in-kernel irqchip and PIT, the LWP
+//! MSRs routed to userspace, the port bus, and the vCPUs with their CPUID,
+//! paging source and LWP state. Nothing runs yet. Also the table
+//! `lwpvmm cpuid` prints.
+
+use std::io::Write;
+use std::sync::Arc;
+
+use kvm_bindings::{
+    CpuId, KVM_MAX_CPUID_ENTRIES, KVM_MSR_EXIT_REASON_FILTER, Msrs, kvm_cpuid_entry2,
+    kvm_enable_cap, kvm_msr_entry, kvm_pit_config, kvm_userspace_memory_region,
+};
+use kvm_ioctls::{
+    Cap, Kvm, MsrFilterDefaultAction, MsrFilterRange, MsrFilterRangeFlags, VcpuFd, VmFd,
+};
+use vm_memory::{Address, GuestMemoryBackend, GuestMemoryRegion};
+use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+
+use super::boot;
+use super::cpuid;
+use super::devices::{PortBus, SERIAL_IRQ};
+use super::error::{VmError, setup};
+use super::guest_paging::PagingSource;
+use super::snapshot::SnapshotError;
+use super::step::StepBackend;
+use super::vcpu::{KvmVcpu, LwpState, Vcpu, VcpuLwp};
+use crate::guard::GuestMemory;
+use crate::lwp::cpuid::{CpuidEntry, GuestLwpSupport, LwpProfile};
+use crate::lwp::msr::MSR_LWP_CFG;
+
+const MSR_IA32_TSC: u32 = 0x10;
+const PIT_SPEAKER_DUMMY: u32 = 1;
+/// Where KVM keeps its real-mode TSS: the top of the MMIO hole, below the
+/// IOAPIC.
+const TSS_ADDRESS: usize = 0xfffb_d000;
+/// xAPIC IDs go to 254 (255 is the broadcast).
+const MAX_XAPIC_VCPUS: usize = 254;
+
+/// What a machine is made of.
+#[derive(Debug, Clone, Copy)]
+pub struct MachineSpec {
+    /// Guest RAM in MiB.
+    pub memory_mib: u64,
+    /// vCPUs.
+    pub vcpus: u8,
+    /// The LWP profile.
+    pub profile: LwpProfile,
+    /// Whether the guest carries the paravirtual shim.
+    pub guest: GuestLwpSupport,
+}
+
+/// A created VM whose vCPUs have not run yet.
+pub struct Machine {
+    /// The VM.
+    pub vm: Arc<VmFd>,
+    /// Guest RAM.
+    pub mem: Arc<GuestMemory>,
+    /// The port bus.
+    pub bus: PortBus,
+    /// The vCPUs.
+    pub vcpus: Vec<Vcpu>,
+    /// KVM_CAP_XSAVE2 of this VM.
+    pub xsave_size: usize,
+    /// The MSRs KVM lists as saveable.
+    pub msr_indices: Vec<u32>,
+    /// What it was made of.
+    pub spec: MachineSpec,
+}
+
+/// Opens KVM and checks every capability lwpvmm relies on.
+pub fn open_kvm() -> Result<Kvm, VmError> {
+    let kvm = Kvm::new().map_err(VmError::NoKvm)?;
+    for (cap, name) in [
+        (Cap::Irqchip, "KVM_CAP_IRQCHIP"),
+        (Cap::UserMemory, "KVM_CAP_USER_MEMORY"),
+        (Cap::SyncRegs, "KVM_CAP_SYNC_REGS"),
+        (Cap::ImmediateExit, "KVM_CAP_IMMEDIATE_EXIT"),
+        (Cap::X86UserSpaceMsr, "KVM_CAP_X86_USER_SPACE_MSR"),
+        (Cap::X86MsrFilter, "KVM_CAP_X86_MSR_FILTER"),
+        (Cap::SignalMsi, "KVM_CAP_SIGNAL_MSI"),
+        (Cap::Irqfd, "KVM_CAP_IRQFD"),
+    ] {
+        if !kvm.check_extension(cap) {
+            return Err(VmError::MissingCap(name));
+        }
+    }
+    Ok(kvm)
+}
+
+/// Creates the machine. `console` takes the serial output and `bus` builds
+/// the port bus around it and the serial irqfd (from a snapshot's UART
+/// state, or fresh). `saved` holds each vCPU's LWP state from a snapshot
+/// (empty to boot); `backend` is how vCPUs single-step, when the VM offers
+/// precise events to a shim guest.
+pub fn create(
+    kvm: &Kvm,
+    spec: MachineSpec,
+    console: Box<dyn Write + Send>,
+    bus: impl FnOnce(Box<dyn Write + Send>, EventFd) -> Result<PortBus, VmError>,
+    saved: &[Option<&LwpState>],
+    backend: Option<StepBackend>,
+) -> Result<Machine, VmError> {
+    let max = kvm.get_max_vcpus().min(MAX_XAPIC_VCPUS);
+    if spec.vcpus == 0 || usize::from(spec.vcpus) > max {
+        return Err(VmError::VcpuCount {
+            requested: spec.vcpus,
+            max,
+        });
+    }
+    let vm = Arc::new(kvm.create_vm().map_err(setup("KVM_CREATE_VM"))?);
+    let mem = Arc::new(boot::create_memory(spec.memory_mib)?);
+    register_memory(&vm, &mem)?;
+    vm.set_tss_address(TSS_ADDRESS)
+        .map_err(setup("KVM_SET_TSS_ADDR"))?;
+    vm.create_irq_chip().map_err(setup("KVM_CREATE_IRQCHIP"))?;
+    let pit = kvm_pit_config {
+        flags: PIT_SPEAKER_DUMMY,
+        ..Default::default()
+    };
+    vm.create_pit2(pit).map_err(setup("KVM_CREATE_PIT2"))?;
+    route_lwp_msrs(&vm)?;
+    let serial_irq = EventFd::new(EFD_NONBLOCK).map_err(|source| VmError::Thread {
+        what: "serial interrupt",
+        source,
+    })?;
+    vm.register_irqfd(&serial_irq, SERIAL_IRQ)
+        .map_err(setup("KVM_IRQFD"))?;
+    let bus = bus(console, serial_irq)?;
+    let supported = supported_cpuid(kvm)?;
+    let xsave_size = usize::try_from(vm.check_extension_int(Cap::Xsave2))
+        .ok()
+        .filter(|&n| n >= 4096)
+        .unwrap_or(4096);
+    let msr_indices = kvm
+        .get_msr_index_list()
+        .map_err(setup("KVM_GET_MSR_INDEX_LIST"))?
+        .as_slice()
+        .to_vec();
+    let shim = spec.guest == GuestLwpSupport::Shim;
+    let mut vcpus = Vec::new();
+    for id in 0..spec.vcpus {
+        let fd = vm
+            .create_vcpu(u64::from(id))
+            .map_err(setup("KVM_CREATE_VCPU"))?;
+        let table = cpuid::build(&supported, spec.profile, spec.guest, id);
+        let kvm_table: Vec<kvm_cpuid_entry2> = table.iter().map(to_kvm).collect();
+        let kvm_cpuid = CpuId::from_entries(&kvm_table)
+            .map_err(|_| VmError::MissingCap("room for the CPUID table"))?;
+        fd.set_cpuid2(&kvm_cpuid).map_err(setup("KVM_SET_CPUID2"))?;
+        // What the guest sees: kvm_pvm ORs host bits into leaves 1 and 7.
+        let seen: Vec<CpuidEntry> = fd
+            .get_cpuid2(KVM_MAX_CPUID_ENTRIES)
+            .map_err(setup("KVM_GET_CPUID2"))?
+            .as_slice()
+            .iter()
+            .map(from_kvm)
+            .collect();
+        let tsc_offset = tsc_offset(&fd)?;
+        // Without the rate the sampler charges TSC time instead of run time.
+        let tsc_khz = fd.get_tsc_khz().unwrap_or(0);
+        let lwp = VcpuLwp::new(
+            spec.profile.caps(),
+            shim,
+            backend,
+            saved.get(usize::from(id)).copied().flatten(),
+        )
+        .map_err(|reason| SnapshotError::Lwp { vcpu: id, reason })?;
+        let kvm_vcpu = KvmVcpu::new(
+            fd,
+            Arc::clone(&vm),
+            id,
+            tsc_offset,
+            PagingSource::new(&seen),
+        );
+        vcpus.push(Vcpu::new(kvm_vcpu, table, lwp, tsc_khz));
+    }
+    Ok(Machine {
+        vm,
+        mem,
+        bus,
+        vcpus,
+        xsave_size,
+        msr_indices,
+        spec,
+    })
+}
+
+/// KVM's supported CPUID.
+pub fn supported_cpuid(kvm: &Kvm) -> Result<Vec<CpuidEntry>, VmError> {
+    let supported = kvm
+        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+        .map_err(setup("KVM_GET_SUPPORTED_CPUID"))?;
+    Ok(supported.as_slice().iter().map(from_kvm).collect())
+}
+
+fn register_memory(vm: &VmFd, mem: &GuestMemory) -> Result<(), VmError> {
+    for (slot, region) in mem.iter().enumerate() {
+        let host = mem
+            .get_host_address(region.start_addr())
+            .map_err(|_| VmError::MissingCap("a host mapping of guest memory"))?;
+        let region = kvm_userspace_memory_region {
+            slot: slot as u32,
+            flags: 0,
+            guest_phys_addr: region.start_addr().raw_value(),
+            memory_size: region.len(),
+            userspace_addr: host as u64,
+        };
+        // SAFETY: the region describes a live mmap owned by `mem`, which the
+        // VM (and every vCPU thread) keeps alive through an Arc until the VM
+        // is dropped; slots do not overlap because regions do not.
+        unsafe { vm.set_user_memory_region(region) }
+            .map_err(setup("KVM_SET_USER_MEMORY_REGION"))?;
+    }
+    Ok(())
+}
+
+/// Sends guest accesses to LWP_CFG and LWP_CBADDR to userspace: KVM does not
+/// know them, and the deny filter keeps the routing even on a kernel that
+/// starts to.
+fn route_lwp_msrs(vm: &VmFd) -> Result<(), VmError> {
+    let cap = kvm_enable_cap {
+        cap: kvm_bindings::KVM_CAP_X86_USER_SPACE_MSR,
+        args: [u64::from(KVM_MSR_EXIT_REASON_FILTER), 0, 0, 0],
+        ..Default::default()
+    };
+    vm.enable_cap(&cap)
+        .map_err(setup("enabling KVM_CAP_X86_USER_SPACE_MSR"))?;
+    let bitmap = [0u8; 1];
+    let range = MsrFilterRange {
+        flags: MsrFilterRangeFlags::READ | MsrFilterRangeFlags::WRITE,
+        base: MSR_LWP_CFG,
+        msr_count: 2,
+        bitmap: &bitmap,
+    };
+    vm.set_msr_filter(MsrFilterDefaultAction::ALLOW, &[range])
+        .map_err(setup("KVM_X86_SET_MSR_FILTER"))
+}
+
+fn tsc_offset(fd: &VcpuFd) -> Result<i64, VmError> {
+    let mut msrs = Msrs::from_entries(&[kvm_msr_entry {
+        index: MSR_IA32_TSC,
+        ..Default::default()
+    }])
+    .map_err(|_| VmError::MissingCap("room for one MSR"))?;
+    // SAFETY: RDTSC has no memory effects; the host CPU has it (x86-64).
+    let host = unsafe { core::arch::x86_64::_rdtsc() };
+    let n = fd
+        .get_msrs(&mut msrs)
+        .map_err(setup("KVM_GET_MSRS(IA32_TSC)"))?;
+    let guest = if n == 1 {
+        msrs.as_slice()[0].data
+    } else {
+        host
+    };
+    Ok(guest.wrapping_sub(host) as i64)
+}
+
+fn from_kvm(e: &kvm_cpuid_entry2) -> CpuidEntry {
+    CpuidEntry {
+        leaf: e.function,
+        subleaf: e.index,
+        eax: e.eax,
+        ebx: e.ebx,
+        ecx: e.ecx,
+        edx: e.edx,
+    }
+}
+
+fn to_kvm(e: &CpuidEntry) -> kvm_cpuid_entry2 {
+    let significant = matches!(
+        e.leaf,
+        4 | 7
+            | 0xB
+            | 0xD
+            | 0xF
+            | 0x10
+            | 0x12
+            | 0x14
+            | 0x17
+            | 0x18
+            | 0x1D
+            | 0x1E
+            | 0x1F
+            | 0x24
+            | 0x8000_001D
+            | 0x8000_0020
+            | 0x8000_0026
+    );
+    kvm_cpuid_entry2 {
+        function: e.leaf,
+        index: e.subleaf,
+        flags: if significant {
+            kvm_bindings::KVM_CPUID_FLAG_SIGNIFCANT_INDEX
+        } else {
+            0
+        },
+        eax: e.eax,
+        ebx: e.ebx,
+        ecx: e.ecx,
+        edx: e.edx,
+        ..Default::default()
+    }
+}
+
+/// The table `lwpvmm cpuid` prints: what vCPU 0 of a VM with this profile
+/// receives through KVM_SET_CPUID2 (a host module may OR in bits of its own).
+pub fn cpuid_table(
+    profile: LwpProfile,
+    guest: GuestLwpSupport,
+) -> Result<Vec<CpuidEntry>, VmError> {
+    let kvm = Kvm::new().map_err(VmError::NoKvm)?;
+    Ok(cpuid::build(&supported_cpuid(&kvm)?, profile, guest, 0))
+}

@@ -1,0 +1,516 @@
+//! One vCPU: its KVM vCPU, its LWP state, and the thread that runs it. The
+//! thread's loop runs KVM_RUN and dispatches each exit (`exit`); the VMM
+//! drives it through a [`VcpuHandle`]: events on a channel (pause, resume,
+//! save your state, finish), answered on another, and a kick (a signal whose
+//! handler makes KVM_RUN return) so that a running vCPU sees them at once.
+//! A paused vCPU blocks on its channel; nothing polls.
+
+mod doorbell;
+mod exit;
+mod inject;
+mod lwp;
+mod ops;
+mod state_call;
+mod stepper;
+#[cfg(test)]
+mod testing;
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+use kvm_bindings::kvm_run;
+use kvm_ioctls::SyncReg;
+use thiserror::Error;
+use vmm_sys_util::eventfd::EventFd;
+use vmm_sys_util::signal::{Killable, SIGRTMIN};
+
+use crate::guard::GuestMemory;
+use crate::lwp::cpuid::CpuidEntry;
+use crate::lwp::unit::{LwpUnit, UnitStats};
+use crate::profile::trace::TraceWriter;
+use crate::vmm::devices::{GuestEnd, PortBus};
+use crate::vmm::metrics::VcpuMetrics;
+use crate::vmm::seccomp::{self, SeccompError, SeccompMode, ThreadKind};
+use crate::vmm::snapshot::VcpuSnapshot;
+use crate::vmm::step::StepBackend;
+use crate::vmm::vcpu_state;
+
+pub use exit::{Devices, ExitAction, ExitCx, act, handle_exit};
+pub use lwp::{LwpState, VcpuLwp};
+pub use ops::{EmulationFailure, KvmVcpu, VcpuOps};
+pub use stepper::StepState;
+
+/// Why a vCPU stopped the VM with an error.
+#[derive(Debug, Error)]
+pub enum VcpuError {
+    /// KVM_RUN failed.
+    #[error("vCPU {vcpu}: KVM_RUN failed: {source}")]
+    Run {
+        /// The vCPU.
+        vcpu: u8,
+        /// The error.
+        source: kvm_ioctls::Error,
+    },
+    /// An ioctl needed to handle an exit failed.
+    #[error("vCPU {vcpu}: {what} failed: {source}")]
+    Ioctl {
+        /// The vCPU.
+        vcpu: u8,
+        /// The ioctl.
+        what: &'static str,
+        /// The error.
+        source: kvm_ioctls::Error,
+    },
+    /// An exit lwpvmm does not handle.
+    #[error("vCPU {vcpu}: unhandled exit {exit} at RIP {rip:#x}{bytes}")]
+    Unhandled {
+        /// The vCPU.
+        vcpu: u8,
+        /// The exit, named.
+        exit: String,
+        /// RIP at the exit.
+        rip: u64,
+        /// The instruction bytes, when KVM gave them.
+        bytes: String,
+    },
+    /// The vCPU thread's seccomp filter could not be installed.
+    #[error("vCPU thread: {0}")]
+    Seccomp(#[from] SeccompError),
+    /// The guest triple-faulted or KVM shut it down.
+    #[error("vCPU {vcpu}: the guest shut down (triple fault or KVM shutdown) at RIP {rip:#x}")]
+    Shutdown {
+        /// The vCPU.
+        vcpu: u8,
+        /// RIP at the exit.
+        rip: u64,
+    },
+}
+
+/// What handling one exit leads to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VcpuStep {
+    /// Run on.
+    Continue,
+    /// KVM_RUN returned early: a kick (sampling, events, stop).
+    Interrupted,
+    /// The guest ended the VM.
+    End(GuestEnd),
+    /// The guest asked for a snapshot here (`--snapshot-on-port`).
+    SnapshotPoint,
+}
+
+/// How a vCPU left its loop without an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VcpuStop {
+    /// The guest ended the VM.
+    Ended(GuestEnd),
+    /// The VMM stopped it.
+    Stopped,
+}
+
+/// What the VMM asks of a vCPU thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VcpuEvent {
+    /// Stop at a consistent point (pending I/O completed) and wait.
+    Pause,
+    /// Run again (while paused).
+    Resume,
+    /// Capture the vCPU's state (while paused).
+    SaveState,
+    /// Leave the loop.
+    Finish,
+}
+
+/// What a vCPU thread answers.
+#[derive(Debug)]
+pub enum VcpuResponse {
+    /// It is paused.
+    Paused,
+    /// It runs again.
+    Resumed,
+    /// Its state, or why it could not be captured.
+    State(Box<Result<VcpuSnapshot, String>>),
+}
+
+/// What a vCPU thread hands back when it ends.
+pub type VcpuThreadResult = (Result<VcpuStop, VcpuError>, UnitStats);
+
+/// What every vCPU of a VM shares.
+pub struct Shared {
+    /// Guest memory.
+    pub mem: Arc<GuestMemory>,
+    /// The port bus.
+    pub bus: Arc<Mutex<PortBus>>,
+    /// Set when the VM is to stop.
+    pub stop: AtomicBool,
+    /// KVM_CAP_XSAVE2 of this VM.
+    pub xsave_size: usize,
+    /// The MSRs KVM lists as saveable.
+    pub msr_indices: Vec<u32>,
+    /// The host-side trace, when one is written.
+    pub trace: Option<Mutex<TraceWriter>>,
+    /// Written when a vCPU ends the VM (or fails).
+    pub exit: EventFd,
+    /// Written when a vCPU reaches a snapshot point.
+    pub snapshot_point: EventFd,
+}
+
+thread_local! {
+    static KVM_RUN: Cell<*mut kvm_run> = const { Cell::new(std::ptr::null_mut()) };
+}
+
+/// The kick signal's handler: makes the vCPU thread's KVM_RUN return at
+/// once (or not enter at all), so it sees what it was kicked for.
+pub extern "C" fn kick_handler(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    let run = KVM_RUN.with(Cell::get);
+    if !run.is_null() {
+        // SAFETY: the pointer is this thread's own kvm_run mapping, stored by
+        // `Vcpu::run_loop` before the first KVM_RUN and cleared before the
+        // mapping goes away; a signal handler on this thread can only run
+        // while it is valid. immediate_exit is a plain byte KVM reads at entry.
+        unsafe { (*run).immediate_exit = 1 };
+    }
+}
+
+/// The cycles a vCPU ran between two sampling kicks.
+#[derive(Debug, Default)]
+struct SampleClock {
+    tsc_khz: u32,
+    last: Option<(u64, Option<Duration>)>,
+}
+
+impl SampleClock {
+    /// Cycles since the last call: the thread's CPU time (which a preempted
+    /// thread or a halted guest does not add to) at the TSC rate; the guest
+    /// TSC's advance where either is unknown.
+    fn cycles(&mut self, tsc: u64) -> u64 {
+        let cpu = cpu_time::ThreadTime::try_now()
+            .ok()
+            .map(|t| t.as_duration());
+        match (self.last.replace((tsc, cpu)), cpu) {
+            (Some((_, Some(before))), Some(now)) if self.tsc_khz > 0 => {
+                let nanos = now.saturating_sub(before).as_nanos();
+                u64::try_from(nanos * u128::from(self.tsc_khz) / 1_000_000).unwrap_or(u64::MAX)
+            }
+            (Some((before, _)), _) => tsc.saturating_sub(before),
+            (None, _) => 0,
+        }
+    }
+}
+
+/// A vCPU before its thread starts.
+pub struct Vcpu {
+    kvm: KvmVcpu,
+    lwp: VcpuLwp,
+    cpuid: Vec<CpuidEntry>,
+    clock: SampleClock,
+    metrics: Arc<VcpuMetrics>,
+}
+
+/// The thread side of a vCPU's channels.
+struct Mailbox {
+    events: Receiver<VcpuEvent>,
+    responses: Sender<VcpuResponse>,
+    pending: Arc<AtomicBool>,
+    sample_due: Arc<AtomicBool>,
+}
+
+impl Vcpu {
+    /// A vCPU: `cpuid` is the table it was given (a snapshot saves it),
+    /// `tsc_khz` its TSC rate (0 when unknown).
+    pub fn new(kvm: KvmVcpu, cpuid: Vec<CpuidEntry>, lwp: VcpuLwp, tsc_khz: u32) -> Self {
+        Vcpu {
+            kvm,
+            lwp,
+            cpuid,
+            clock: SampleClock {
+                tsc_khz,
+                last: None,
+            },
+            metrics: Arc::new(VcpuMetrics::default()),
+        }
+    }
+
+    /// Its index.
+    pub fn id(&self) -> u8 {
+        self.kvm.id()
+    }
+
+    /// The KVM vCPU (the stepping probe).
+    pub fn kvm(&mut self) -> &mut KvmVcpu {
+        &mut self.kvm
+    }
+
+    /// The KVM vCPU's descriptor (booting, restoring its state).
+    pub fn kvm_fd(&self) -> &kvm_ioctls::VcpuFd {
+        self.kvm.fd()
+    }
+
+    /// Its LWP state.
+    pub fn lwp(&self) -> &VcpuLwp {
+        &self.lwp
+    }
+
+    /// Its counters.
+    pub fn metrics(&self) -> Arc<VcpuMetrics> {
+        Arc::clone(&self.metrics)
+    }
+
+    /// Keeps a copy of every record its unit stores, for the trace.
+    pub fn trace_records(&mut self) {
+        self.lwp.keep_log();
+    }
+
+    /// Starts its thread, which installs its seccomp filter before its first
+    /// KVM_RUN.
+    pub fn start(
+        mut self,
+        shared: Arc<Shared>,
+        seccomp: SeccompMode,
+    ) -> std::io::Result<VcpuHandle> {
+        let (event_tx, events) = channel();
+        let (responses, response_rx) = channel();
+        let pending = Arc::new(AtomicBool::new(false));
+        let sample_due = Arc::new(AtomicBool::new(false));
+        let mailbox = Mailbox {
+            events,
+            responses,
+            pending: Arc::clone(&pending),
+            sample_due: Arc::clone(&sample_due),
+        };
+        let name = format!("vcpu{}", self.id());
+        let thread = thread::Builder::new()
+            .name(format!("lwpvmm-{name}"))
+            .spawn(move || {
+                let result = match seccomp::install(ThreadKind::Vcpu, seccomp, &name) {
+                    Err(e) => Err(VcpuError::Seccomp(e)),
+                    Ok(()) => self.run_loop(&shared, &mailbox),
+                };
+                if !matches!(result, Ok(VcpuStop::Stopped)) {
+                    shared.stop.store(true, Ordering::Release);
+                    let _ = shared.exit.write(1);
+                }
+                (result, self.lwp.unit().map(LwpUnit::stats).unwrap_or_default())
+            })?;
+        Ok(VcpuHandle {
+            thread,
+            events: event_tx,
+            responses: response_rx,
+            pending,
+            sample_due,
+        })
+    }
+
+    fn run_loop(&mut self, shared: &Shared, mailbox: &Mailbox) -> Result<VcpuStop, VcpuError> {
+        if let Some(backend) = self.lwp.stepper.backend() {
+            let counter = match backend {
+                StepBackend::GuestDebug => &self.metrics.step_backend_guest_debug,
+                StepBackend::TrapFlag => &self.metrics.step_backend_trap_flag,
+            };
+            counter.store(1, Ordering::Relaxed);
+        }
+        let fd = self.kvm.fd_mut();
+        fd.set_sync_valid_reg(SyncReg::Register);
+        fd.set_sync_valid_reg(SyncReg::SystemRegister);
+        KVM_RUN.with(|c| c.set(fd.get_kvm_run()));
+        let result = self.exits(shared, mailbox);
+        KVM_RUN.with(|c| c.set(std::ptr::null_mut()));
+        result
+    }
+
+    fn exits(&mut self, shared: &Shared, mailbox: &Mailbox) -> Result<VcpuStop, VcpuError> {
+        let mut hold = false;
+        loop {
+            if shared.stop.load(Ordering::Acquire) {
+                return Ok(VcpuStop::Stopped);
+            }
+            if (mailbox.pending.swap(false, Ordering::AcqRel) || hold)
+                && let Some(stop) = self.events(mailbox, shared, std::mem::take(&mut hold))?
+            {
+                return Ok(stop);
+            }
+            let id = self.kvm.id();
+            let exit = self.kvm.fd_mut().run();
+            let action = handle_exit(
+                exit,
+                &mut Devices {
+                    id,
+                    bus: &shared.bus,
+                    lwp: &mut self.lwp,
+                    metrics: &self.metrics,
+                },
+            )?;
+            if action == ExitAction::Interrupted {
+                // A kick set it; the next KVM_RUN must enter the guest.
+                self.kvm.fd_mut().set_kvm_immediate_exit(0);
+            }
+            let mut cx = ExitCx {
+                vcpu: &mut self.kvm,
+                lwp: &mut self.lwp,
+                mem: &shared.mem,
+                metrics: &self.metrics,
+                trace: shared.trace.as_ref(),
+            };
+            match act(action, &mut cx)? {
+                VcpuStep::End(end) => return Ok(VcpuStop::Ended(end)),
+                VcpuStep::SnapshotPoint => {
+                    hold = true;
+                    let _ = shared.snapshot_point.write(1);
+                }
+                VcpuStep::Interrupted => {
+                    if mailbox.sample_due.swap(false, Ordering::AcqRel) {
+                        let cycles = self.clock.cycles(cx.vcpu.guest_tsc());
+                        lwp::sample(&mut cx, cycles);
+                    }
+                }
+                VcpuStep::Continue => {}
+            }
+            lwp::after_exit(&mut cx)?;
+        }
+    }
+
+    /// Takes the events waiting; `hold` pauses without being asked (a
+    /// snapshot point). Returns how to leave the loop, if it must.
+    fn events(
+        &mut self,
+        mailbox: &Mailbox,
+        shared: &Shared,
+        hold: bool,
+    ) -> Result<Option<VcpuStop>, VcpuError> {
+        if hold {
+            return self.paused(mailbox, shared, false);
+        }
+        while let Ok(event) = mailbox.events.try_recv() {
+            match event {
+                VcpuEvent::Pause => {
+                    if let Some(stop) = self.paused(mailbox, shared, true)? {
+                        return Ok(Some(stop));
+                    }
+                }
+                VcpuEvent::Finish => return Ok(Some(VcpuStop::Stopped)),
+                VcpuEvent::Resume => {
+                    let _ = mailbox.responses.send(VcpuResponse::Resumed);
+                }
+                VcpuEvent::SaveState => {
+                    let refused = Err("a running vCPU does not save its state".into());
+                    let _ = mailbox
+                        .responses
+                        .send(VcpuResponse::State(Box::new(refused)));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Pauses at a consistent point: KVM completes pending I/O and applies
+    /// dirty registers, then returns without entering the guest. Then waits
+    /// for events until resumed or finished.
+    fn paused(
+        &mut self,
+        mailbox: &Mailbox,
+        shared: &Shared,
+        asked: bool,
+    ) -> Result<Option<VcpuStop>, VcpuError> {
+        let id = self.kvm.id();
+        let fd = self.kvm.fd_mut();
+        fd.set_kvm_immediate_exit(1);
+        let completed = fd.run().map(|_| ());
+        fd.set_kvm_immediate_exit(0);
+        match completed {
+            Err(e) if e.errno() != libc::EINTR && e.errno() != libc::EAGAIN => {
+                return Err(VcpuError::Run {
+                    vcpu: id,
+                    source: e,
+                });
+            }
+            _ => {}
+        }
+        if asked {
+            let _ = mailbox.responses.send(VcpuResponse::Paused);
+        }
+        loop {
+            let Ok(event) = mailbox.events.recv() else {
+                return Ok(Some(VcpuStop::Stopped));
+            };
+            match event {
+                VcpuEvent::Pause => {
+                    let _ = mailbox.responses.send(VcpuResponse::Paused);
+                }
+                VcpuEvent::SaveState => {
+                    let state = self.capture(shared);
+                    let _ = mailbox
+                        .responses
+                        .send(VcpuResponse::State(Box::new(state)));
+                }
+                VcpuEvent::Resume => {
+                    let _ = mailbox.responses.send(VcpuResponse::Resumed);
+                    return Ok(None);
+                }
+                VcpuEvent::Finish => return Ok(Some(VcpuStop::Stopped)),
+            }
+        }
+    }
+
+    /// The vCPU's whole state: KVM's and its LWP state.
+    fn capture(&self, shared: &Shared) -> Result<VcpuSnapshot, String> {
+        let id = self.kvm.id();
+        let (mut snapshot, skipped) = vcpu_state::capture(
+            self.kvm.fd(),
+            id,
+            &self.cpuid,
+            shared.xsave_size,
+            &shared.msr_indices,
+        )
+        .map_err(|e| format!("vCPU {id}: {e}"))?;
+        if !skipped.is_empty() {
+            log::warn!("vCPU {id}: MSRs KVM lists but would not read: {skipped:x?}");
+        }
+        snapshot.lwp = self.lwp.state();
+        Ok(snapshot)
+    }
+}
+
+/// The VMM's side of a running vCPU.
+pub struct VcpuHandle {
+    thread: JoinHandle<VcpuThreadResult>,
+    events: Sender<VcpuEvent>,
+    responses: Receiver<VcpuResponse>,
+    pending: Arc<AtomicBool>,
+    sample_due: Arc<AtomicBool>,
+}
+
+impl VcpuHandle {
+    /// Sends an event and kicks the vCPU so that it sees it at once; false
+    /// when its thread has ended.
+    pub fn send(&self, event: VcpuEvent) -> bool {
+        let sent = self.events.send(event).is_ok();
+        self.pending.store(true, Ordering::Release);
+        self.kick();
+        sent
+    }
+
+    /// The next answer; `None` when the thread has ended.
+    pub fn recv(&self) -> Option<VcpuResponse> {
+        self.responses.recv().ok()
+    }
+
+    /// Asks for a sampling charge at once.
+    pub fn kick_sample(&self) {
+        self.sample_due.store(true, Ordering::Release);
+        self.kick();
+    }
+
+    /// Makes KVM_RUN return (or not enter).
+    pub fn kick(&self) {
+        let _ = self.thread.kill(SIGRTMIN());
+    }
+
+    /// Waits for the thread to end.
+    pub fn join(self) -> thread::Result<VcpuThreadResult> {
+        self.thread.join()
+    }
+}

@@ -1,0 +1,211 @@
+//! The seam between exit handling and KVM: what a handler needs of a vCPU
+//! (its registers through KVM's sync-regs area, fault injection, single
+//! step, the guest TSC, MSIs, the paging the guard walks), as a trait. The
+//! run loop passes the KVM vCPU; unit tests pass a fake over real guest
+//! memory, so the same handler functions run without /dev/kvm.
+
+use std::sync::Arc;
+
+use kvm_bindings::{
+    KVM_GUESTDBG_ENABLE, KVM_GUESTDBG_SINGLESTEP, kvm_guest_debug, kvm_msi, kvm_regs, kvm_sregs,
+};
+use kvm_ioctls::{SyncReg, VcpuFd, VmFd};
+
+use super::VcpuError;
+use crate::guard::{GuardError, Paging};
+use crate::lwp::fault::GuestFault;
+use crate::vmm::guest_paging::PagingSource;
+use crate::vmm::lwp_insn::MAX_INSN_LEN;
+
+const KVM_INTERNAL_ERROR_EMULATION: u32 = 1;
+const KVM_INTERNAL_ERROR_EMULATION_FLAG_INSTRUCTION_BYTES: u64 = 1;
+
+/// What KVM says about an instruction its emulator could not run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EmulationFailure {
+    /// The internal-error suberror.
+    pub suberror: u32,
+    /// The instruction bytes, when KVM gave them (the first `len`).
+    pub bytes: Option<([u8; MAX_INSN_LEN], usize)>,
+}
+
+/// What exit handling needs of a vCPU.
+pub trait VcpuOps {
+    /// The vCPU's index (its APIC ID).
+    fn id(&self) -> u8;
+    /// Its general registers at the exit.
+    fn regs(&self) -> kvm_regs;
+    /// Its special registers at the exit.
+    fn sregs(&self) -> kvm_sregs;
+    /// Sets the general registers for the next KVM_RUN.
+    fn set_regs(&mut self, regs: &kvm_regs);
+    /// Sets every register and injects `fault` (with CR2 for a #PF).
+    fn inject(
+        &mut self,
+        regs: &kvm_regs,
+        sregs: &kvm_sregs,
+        fault: GuestFault,
+    ) -> Result<(), VcpuError>;
+    /// Turns KVM's single-step (the guest-debug backend) on or off.
+    fn single_step(&mut self, on: bool) -> Result<(), VcpuError>;
+    /// The guest's TSC now.
+    fn guest_tsc(&self) -> u64;
+    /// Sends an MSI (the threshold interrupt).
+    fn signal_msi(&self, msi: &kvm_msi) -> Result<(), String>;
+    /// The emulation failure of an internal-error exit.
+    fn emulation_failure(&mut self) -> EmulationFailure;
+    /// Where the guard's paging comes from (CPUID, PKRU).
+    fn paging_source(&self) -> &PagingSource;
+    /// The vCPU's XSAVE image (for PKRU).
+    fn xsave(&self) -> Option<Vec<u8>>;
+
+    /// The paging the guard walks for `sregs`; PKRU is read only when
+    /// protection keys apply.
+    fn paging(&self, sregs: &kvm_sregs) -> Result<Paging, GuardError> {
+        let source = self.paging_source();
+        let xsave = source.needs_pkru(sregs).then(|| self.xsave()).flatten();
+        source.paging(sregs, xsave.as_deref())
+    }
+}
+
+/// A KVM vCPU.
+pub struct KvmVcpu {
+    fd: VcpuFd,
+    vm: Arc<VmFd>,
+    id: u8,
+    tsc_offset: i64,
+    paging: PagingSource,
+}
+
+impl KvmVcpu {
+    /// `tsc_offset` turns the host TSC into the guest's; `paging` comes from
+    /// the CPUID the guest sees.
+    pub fn new(fd: VcpuFd, vm: Arc<VmFd>, id: u8, tsc_offset: i64, paging: PagingSource) -> Self {
+        KvmVcpu {
+            fd,
+            vm,
+            id,
+            tsc_offset,
+            paging,
+        }
+    }
+
+    /// The KVM vCPU.
+    pub fn fd(&self) -> &VcpuFd {
+        &self.fd
+    }
+
+    /// The KVM vCPU, for KVM_RUN.
+    pub fn fd_mut(&mut self) -> &mut VcpuFd {
+        &mut self.fd
+    }
+
+    fn ioctl(&self, what: &'static str) -> impl Fn(kvm_ioctls::Error) -> VcpuError + use<> {
+        let vcpu = self.id;
+        move |source| VcpuError::Ioctl { vcpu, what, source }
+    }
+}
+
+impl VcpuOps for KvmVcpu {
+    fn id(&self) -> u8 {
+        self.id
+    }
+
+    fn regs(&self) -> kvm_regs {
+        self.fd.sync_regs().regs
+    }
+
+    fn sregs(&self) -> kvm_sregs {
+        self.fd.sync_regs().sregs
+    }
+
+    fn set_regs(&mut self, regs: &kvm_regs) {
+        self.fd.sync_regs_mut().regs = *regs;
+        self.fd.set_sync_dirty_reg(SyncReg::Register);
+    }
+
+    fn inject(
+        &mut self,
+        regs: &kvm_regs,
+        sregs: &kvm_sregs,
+        fault: GuestFault,
+    ) -> Result<(), VcpuError> {
+        let mut sregs = *sregs;
+        if let GuestFault::PageFault { address, .. } = fault {
+            sregs.cr2 = address;
+        }
+        self.fd.set_regs(regs).map_err(self.ioctl("KVM_SET_REGS"))?;
+        self.fd
+            .set_sregs(&sregs)
+            .map_err(self.ioctl("KVM_SET_SREGS"))?;
+        let mut events = self
+            .fd
+            .get_vcpu_events()
+            .map_err(self.ioctl("KVM_GET_VCPU_EVENTS"))?;
+        events.exception.injected = 1;
+        events.exception.nr = fault.vector();
+        events.exception.has_error_code = u8::from(fault.error_code().is_some());
+        events.exception.error_code = fault.error_code().unwrap_or(0);
+        self.fd
+            .set_vcpu_events(&events)
+            .map_err(self.ioctl("KVM_SET_VCPU_EVENTS"))
+    }
+
+    fn single_step(&mut self, on: bool) -> Result<(), VcpuError> {
+        let debug = kvm_guest_debug {
+            control: if on {
+                KVM_GUESTDBG_ENABLE | KVM_GUESTDBG_SINGLESTEP
+            } else {
+                0
+            },
+            ..Default::default()
+        };
+        self.fd
+            .set_guest_debug(&debug)
+            .map_err(self.ioctl("KVM_SET_GUEST_DEBUG"))
+    }
+
+    fn guest_tsc(&self) -> u64 {
+        // SAFETY: RDTSC has no memory effects; the host CPU has it (x86-64).
+        let host = unsafe { core::arch::x86_64::_rdtsc() };
+        host.wrapping_add_signed(self.tsc_offset)
+    }
+
+    fn signal_msi(&self, msi: &kvm_msi) -> Result<(), String> {
+        self.vm
+            .signal_msi(*msi)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
+    fn emulation_failure(&mut self) -> EmulationFailure {
+        let run = self.fd.get_kvm_run();
+        // SAFETY: called for a KVM_EXIT_INTERNAL_ERROR exit, for which KVM
+        // fills the `internal` member of the exit union; `emulation_failure`
+        // is the same storage viewed with the layout KVM uses when suberror
+        // is EMULATION and ndata covers it. Both are plain integers.
+        let (suberror, flags, size, raw) = unsafe {
+            let ef = run.__bindgen_anon_1.emulation_failure;
+            let insn = ef.__bindgen_anon_1.__bindgen_anon_1;
+            (ef.suberror, ef.flags, insn.insn_size, insn.insn_bytes)
+        };
+        let has_bytes = suberror == KVM_INTERNAL_ERROR_EMULATION
+            && flags & KVM_INTERNAL_ERROR_EMULATION_FLAG_INSTRUCTION_BYTES != 0;
+        let len = usize::from(size).min(MAX_INSN_LEN);
+        let mut bytes = [0u8; MAX_INSN_LEN];
+        bytes[..len].copy_from_slice(&raw[..len]);
+        EmulationFailure {
+            suberror,
+            bytes: (has_bytes && len > 0).then_some((bytes, len)),
+        }
+    }
+
+    fn paging_source(&self) -> &PagingSource {
+        &self.paging
+    }
+
+    fn xsave(&self) -> Option<Vec<u8>> {
+        let x = self.fd.get_xsave().ok()?;
+        Some(x.region.iter().flat_map(|w| w.to_le_bytes()).collect())
+    }
+}

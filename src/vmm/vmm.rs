@@ -1,0 +1,299 @@
+//! The VMM: one object that owns a machine for its whole life. The builder
+//! makes it (booted, or restored from a snapshot); [`Vmm::run`] starts the
+//! vCPU threads and the control thread and returns how the VM ended. A
+//! [`VmmHandle`], taken before or while it runs, pauses, resumes,
+//! snapshots, reads the metrics of and stops the running VM from any thread:
+//! what a control API drives.
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::Duration;
+
+use kvm_ioctls::VmFd;
+use serde::Serialize;
+use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+use vmm_sys_util::signal::{SIGRTMIN, register_signal_handler};
+
+use super::config::HostConfig;
+use super::control::Control;
+use super::devices::GuestEnd;
+use super::error::VmError;
+use super::machine::{Machine, MachineSpec};
+use super::metrics::{VcpuMetrics, VmCounters};
+use super::output::RunOutputs;
+use super::signals::StopSignals;
+use super::vcpu::{Shared, Vcpu, VcpuEvent, VcpuHandle, kick_handler};
+use crate::lwp::cpuid::LwpFeatures;
+use crate::lwp::unit::UnitStats;
+
+/// Why a VM stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VmEnd {
+    /// The guest ended it.
+    Guest(GuestEnd),
+    /// lwpvmm received this signal (SIGINT, SIGTERM) and stopped it.
+    Signal(i32),
+    /// A [`VmmHandle`] stopped it.
+    Stopped,
+}
+
+/// How a VM ended.
+#[derive(Debug, Clone)]
+pub struct RunOutcome {
+    /// Why it stopped.
+    pub end: VmEnd,
+    /// The counters.
+    pub metrics: VmCounters,
+    /// Each vCPU's LWP unit counters.
+    pub lwp: Vec<UnitStats>,
+    /// What failed on the way without stopping the VM (a requested
+    /// snapshot, a metrics write): the caller should report it and fail.
+    pub errors: Vec<String>,
+}
+
+/// A snapshot written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotInfo {
+    /// Where.
+    pub dir: PathBuf,
+    /// The state file's size.
+    pub state_bytes: u64,
+    /// The memory file's size.
+    pub memory_bytes: u64,
+    /// How long the vCPUs took to pause.
+    pub pause_time: Duration,
+    /// From the request to the VM running again.
+    pub total_time: Duration,
+}
+
+/// The metrics file's document: how the run ended (`null` while it runs),
+/// the VM's counters, and each LWP unit's.
+#[derive(Debug, Serialize)]
+pub struct MetricsDocument<'a> {
+    end: Option<serde_json::Value>,
+    vm: &'a VmCounters,
+    lwp_units: &'a [UnitStats],
+}
+
+/// The metrics document for `end`.
+pub fn metrics_document<'a>(
+    end: Option<VmEnd>,
+    vm: &'a VmCounters,
+    lwp_units: &'a [UnitStats],
+) -> MetricsDocument<'a> {
+    let end = end.map(|end| match end {
+        VmEnd::Guest(GuestEnd::ExitPort(value)) => serde_json::json!({ "exit_port": value }),
+        VmEnd::Guest(GuestEnd::PowerOff) => serde_json::json!("power_off"),
+        VmEnd::Guest(GuestEnd::Reboot) => serde_json::json!("reboot"),
+        VmEnd::Signal(signal) => serde_json::json!({ "signal": signal }),
+        VmEnd::Stopped => serde_json::json!("stopped"),
+    });
+    MetricsDocument { end, vm, lwp_units }
+}
+
+/// A request to the control thread.
+pub enum Request {
+    /// Pause every vCPU.
+    Pause(Sender<Result<(), String>>),
+    /// Resume every vCPU.
+    Resume(Sender<Result<(), String>>),
+    /// Write a snapshot to this directory.
+    Snapshot(PathBuf, Sender<Result<SnapshotInfo, String>>),
+    /// The counters now.
+    Metrics(Sender<VmCounters>),
+    /// Stop the VM.
+    Stop,
+}
+
+/// Drives a VM from any thread.
+#[derive(Clone)]
+pub struct VmmHandle {
+    requests: Sender<Request>,
+    wake: Arc<EventFd>,
+}
+
+impl VmmHandle {
+    fn ask<T>(&self, request: impl FnOnce(Sender<T>) -> Request) -> Result<T, VmError> {
+        let (reply, answer) = channel();
+        self.requests
+            .send(request(reply))
+            .map_err(|_| VmError::NotRunning)?;
+        let _ = self.wake.write(1);
+        answer.recv().map_err(|_| VmError::NotRunning)
+    }
+
+    /// Pauses every vCPU; returns once all are paused.
+    pub fn pause(&self) -> Result<(), VmError> {
+        self.ask(Request::Pause)?.map_err(VmError::EventLoop)
+    }
+
+    /// Resumes a paused VM.
+    pub fn resume(&self) -> Result<(), VmError> {
+        self.ask(Request::Resume)?.map_err(VmError::EventLoop)
+    }
+
+    /// Writes a snapshot to `dir` (the VM pauses for it unless paused).
+    pub fn snapshot(&self, dir: &Path) -> Result<SnapshotInfo, VmError> {
+        self.ask(|r| Request::Snapshot(dir.to_owned(), r))?
+            .map_err(VmError::EventLoop)
+    }
+
+    /// The VM's counters now.
+    pub fn metrics(&self) -> Result<VmCounters, VmError> {
+        self.ask(Request::Metrics)
+    }
+
+    /// Stops the VM; [`Vmm::run`] then returns with [`VmEnd::Stopped`].
+    pub fn stop(&self) {
+        if self.requests.send(Request::Stop).is_ok() {
+            let _ = self.wake.write(1);
+        }
+    }
+}
+
+/// A built VM.
+pub struct Vmm {
+    vm: Arc<VmFd>,
+    shared: Arc<Shared>,
+    vcpus: Vec<Vcpu>,
+    spec: MachineSpec,
+    outputs_metrics: Option<super::output::RewriteFile>,
+    host: HostConfig,
+    requests: Receiver<Request>,
+    handle: VmmHandle,
+}
+
+impl Vmm {
+    /// Wraps a created (and booted or restored) machine.
+    pub(super) fn new(
+        machine: Machine,
+        outputs: RunOutputs,
+        host: &HostConfig,
+    ) -> Result<Vmm, VmError> {
+        let Machine {
+            vm,
+            mem,
+            mut bus,
+            mut vcpus,
+            xsave_size,
+            msr_indices,
+            spec,
+        } = machine;
+        if host.snapshots.on_port {
+            bus.claim_snapshot_port();
+        }
+        if outputs.trace.is_some() {
+            vcpus.iter_mut().for_each(Vcpu::trace_records);
+        }
+        let eventfd = || {
+            EventFd::new(EFD_NONBLOCK).map_err(|source| VmError::Thread {
+                what: "control",
+                source,
+            })
+        };
+        let shared = Arc::new(Shared {
+            mem,
+            bus: Arc::new(Mutex::new(bus)),
+            stop: Default::default(),
+            xsave_size,
+            msr_indices,
+            trace: outputs.trace.map(Mutex::new),
+            exit: eventfd()?,
+            snapshot_point: eventfd()?,
+        });
+        let (sender, requests) = channel();
+        Ok(Vmm {
+            vm,
+            shared,
+            vcpus,
+            spec,
+            outputs_metrics: outputs.metrics,
+            host: host.clone(),
+            requests,
+            handle: VmmHandle {
+                requests: sender,
+                wake: Arc::new(eventfd()?),
+            },
+        })
+    }
+
+    /// A handle to drive the VM while it runs.
+    pub fn handle(&self) -> VmmHandle {
+        self.handle.clone()
+    }
+
+    /// Runs the VM to its end: the vCPU threads, then the control thread,
+    /// whose result this returns. The calling thread gets no seccomp filter.
+    pub fn run(self) -> Result<RunOutcome, VmError> {
+        register_signal_handler(SIGRTMIN(), kick_handler).map_err(|e| VmError::Signal {
+            what: "the vCPU kick",
+            source: e.into(),
+        })?;
+        // Registered before any vCPU runs, so that no stop signal is lost.
+        let stop_signals = self
+            .host
+            .stop_on_signals
+            .then(StopSignals::register)
+            .transpose()
+            .map_err(|source| VmError::Signal {
+                what: "SIGINT and SIGTERM",
+                source,
+            })?;
+        let sampled = self
+            .spec
+            .profile
+            .caps()
+            .is_some_and(|c| c.supported.intersects(LwpFeatures::CNH | LwpFeatures::RNH));
+        let hz = self.host.profiling.sample_hz;
+        let sample_period =
+            (sampled && hz > 0).then(|| Duration::from_nanos(1_000_000_000 / u64::from(hz)));
+        let metrics: Vec<Arc<VcpuMetrics>> = self.vcpus.iter().map(Vcpu::metrics).collect();
+        let seccomp = self.host.seccomp;
+        let mut handles: Vec<VcpuHandle> = Vec::new();
+        for vcpu in self.vcpus {
+            match vcpu.start(Arc::clone(&self.shared), seccomp) {
+                Ok(handle) => handles.push(handle),
+                Err(source) => {
+                    // The vCPUs already running must not outlive the run.
+                    self.shared.stop.store(true, Ordering::Release);
+                    for h in handles {
+                        h.send(VcpuEvent::Finish);
+                        let _ = h.join();
+                    }
+                    return Err(VmError::Thread {
+                        what: "vCPU",
+                        source,
+                    });
+                }
+            }
+        }
+        let wake = self.handle.wake.try_clone().map_err(|source| VmError::Thread {
+            what: "control",
+            source,
+        })?;
+        let control = Control {
+            vm: self.vm,
+            shared: self.shared,
+            vcpus: handles,
+            metrics,
+            metrics_file: self.outputs_metrics,
+            spec: self.spec,
+            plan: self.host.snapshots.clone(),
+            sample_period,
+            requests: (self.requests, wake),
+            stop_signals,
+        };
+        thread::Builder::new()
+            .name("lwpvmm-control".into())
+            .spawn(move || control.run(seccomp))
+            .map_err(|source| VmError::Thread {
+                what: "control",
+                source,
+            })?
+            .join()
+            .map_err(|_| VmError::Panicked("control".into()))?
+    }
+}
