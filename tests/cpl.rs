@@ -6,11 +6,9 @@
 //! evidence, so it drives KVM directly: a bare VM, the `cplprobe` guest, and
 //! the segment registers at each of its marks on the POST port.
 
-use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::{Kvm, VcpuExit};
 use lwpvmm::vmm::boot;
 use lwpvmm::vmm::privilege::cpl;
-use vm_memory::{Address, GuestMemoryBackend, GuestMemoryRegion};
 
 /// (mark, the CPL the guest runs at there, in a conforming segment)
 const STAGES: [(u8, u8, bool); 4] = [(0, 0, false), (1, 0, true), (2, 3, false), (3, 3, true)];
@@ -24,19 +22,7 @@ fn ss_dpl_is_the_cpl_and_cs_dpl_is_not() {
     let kvm = Kvm::new().expect("open /dev/kvm");
     let vm = kvm.create_vm().expect("KVM_CREATE_VM");
     let mem = boot::create_memory(64).expect("guest memory");
-    for (slot, region) in mem.iter().enumerate() {
-        let host = mem.get_host_address(region.start_addr()).unwrap();
-        let region = kvm_userspace_memory_region {
-            slot: slot as u32,
-            flags: 0,
-            guest_phys_addr: region.start_addr().raw_value(),
-            memory_size: region.len(),
-            userspace_addr: host as u64,
-        };
-        // SAFETY: the region is a live mapping owned by `mem`, which outlives
-        // the VM (both are dropped at the end of this test, the VM first).
-        unsafe { vm.set_user_memory_region(region) }.expect("memory slot");
-    }
+    lwpvmm::vmm::machine::register_memory(&vm, &mem).expect("memory slots");
     vm.set_tss_address(0xfffb_d000).expect("TSS address");
     vm.create_irq_chip().expect("irqchip");
     let mut vcpu = vm.create_vcpu(0).expect("vCPU");

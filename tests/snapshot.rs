@@ -215,7 +215,9 @@ fn precise_events_survive_a_snapshot() {
     let kernel = elf.to_str().unwrap();
     for profile in ["precise", "bulldozer"] {
         let run = |extra: &[&str]| {
-            let mut args = vec!["run", "--kernel", kernel, "--memory", "64", "--lwp", profile];
+            let mut args = vec![
+                "run", "--kernel", kernel, "--memory", "64", "--lwp", profile,
+            ];
             args.extend_from_slice(extra);
             lwpvmm(&args)
         };
@@ -232,7 +234,11 @@ fn precise_events_survive_a_snapshot() {
             dir.to_str().unwrap(),
             "--snapshot-on-port",
         ]);
-        assert_eq!(digest(&taken), digest(&plain), "{profile}: taking it changes nothing");
+        assert_eq!(
+            digest(&taken),
+            digest(&plain),
+            "{profile}: taking it changes nothing"
+        );
         let restored = lwpvmm(&[
             "restore",
             dir.to_str().unwrap(),

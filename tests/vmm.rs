@@ -36,14 +36,7 @@ fn boot_with(
     cmdline: &str,
     vcpus: u8,
 ) -> (RunOutcome, String) {
-    boot_profiled(
-        name,
-        profile,
-        guest,
-        cmdline,
-        vcpus,
-        Profiling::default(),
-    )
+    boot_profiled(name, profile, guest, cmdline, vcpus, Profiling::default())
 }
 
 fn boot_profiled(
@@ -227,14 +220,12 @@ fn two_tasks_keep_their_own_records_across_switches() {
 fn hostile_guest_gets_nowhere() {
     let outcome = passes("hostile", LwpProfile::Emulated);
     assert_eq!(
-        outcome.metrics.total.lwp_interrupts_suppressed,
-        50,
+        outcome.metrics.total.lwp_interrupts_suppressed, 50,
         "an interrupt storm on an exception vector"
     );
     assert_eq!(outcome.metrics.total.lwp_interrupts, 0);
     assert_eq!(
-        outcome.metrics.total.ud_not_lwp,
-        3,
+        outcome.metrics.total.ud_not_lwp, 3,
         "bogus frame, no #UD, CPL3 doorbell"
     );
     assert_eq!(outcome.metrics.total.lwp_state_calls, 3);
@@ -520,13 +511,11 @@ fn demo_succeeds() {
 fn privilege_comes_from_ss_not_cs() {
     let outcome = passes("privilege", LwpProfile::Emulated);
     assert_eq!(
-        outcome.metrics.total.ud_not_lwp,
-        4,
+        outcome.metrics.total.ud_not_lwp, 4,
         "three impossible frames and the forged one from CPL3"
     );
     assert_eq!(
-        outcome.metrics.total.lwpins,
-        2,
+        outcome.metrics.total.lwpins, 2,
         "the two frames the CPU pushes"
     );
 }

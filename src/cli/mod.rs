@@ -21,8 +21,7 @@ use crate::vmm::seccomp::SeccompMode;
 use crate::vmm::signals;
 use crate::vmm::snapshot::SnapshotError;
 use crate::vmm::{
-    self, HostConfig, Profiling, RestoreConfig, RunOutcome, SnapshotPlan, VmConfig, VmEnd,
-    VmError,
+    self, HostConfig, Profiling, RestoreConfig, RunOutcome, SnapshotPlan, VmConfig, VmEnd, VmError,
 };
 
 /// lwpvmm: AMD Lightweight Profiling for KVM guests on hosts without LWP.

@@ -5,7 +5,9 @@
 
 use std::io::Cursor;
 
-use kvm_bindings::{kvm_regs, kvm_segment, kvm_sregs};
+use kvm_bindings::{kvm_regs, kvm_sregs};
+
+use super::privilege::segment;
 use linux_loader::configurator::linux::LinuxBootConfigurator;
 use linux_loader::configurator::pvh::PvhBootConfigurator;
 use linux_loader::configurator::{BootConfigurator, BootParams};
@@ -454,25 +456,6 @@ pub fn write_gdt(mem: &GuestMemory) -> Result<(), BootError> {
             .map_err(|e| BootError::BootData(e.to_string()))?;
     }
     Ok(())
-}
-
-fn segment(selector: u16, descriptor: u64) -> kvm_segment {
-    let flag = |bit: u32| ((descriptor >> bit) & 1) as u8;
-    kvm_segment {
-        base: 0,
-        limit: 0xffff_ffff,
-        selector,
-        type_: ((descriptor >> 40) & 0xf) as u8,
-        present: flag(47),
-        dpl: ((descriptor >> 45) & 3) as u8,
-        db: flag(54),
-        s: flag(44),
-        l: flag(53),
-        g: flag(55),
-        avl: 0,
-        unusable: 0,
-        padding: 0,
-    }
 }
 
 /// The boot vCPU's registers for `entry`, starting from KVM's `sregs`.

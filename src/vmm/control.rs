@@ -126,8 +126,18 @@ impl MutEventSubscriber for Sources {
             self.snapshot_point.as_raw_fd(),
             self.wake.as_raw_fd(),
         ];
-        fds.extend(self.timer.iter().chain(&self.sampler).map(AsRawFd::as_raw_fd));
-        fds.extend(self.sigusr1.iter().chain(&self.sigusr2).map(AsRawFd::as_raw_fd));
+        fds.extend(
+            self.timer
+                .iter()
+                .chain(&self.sampler)
+                .map(AsRawFd::as_raw_fd),
+        );
+        fds.extend(
+            self.sigusr1
+                .iter()
+                .chain(&self.sigusr2)
+                .map(AsRawFd::as_raw_fd),
+        );
         fds.extend(self.stop_signals.iter().flat_map(StopSignals::fds));
         for fd in fds {
             let _ = ops.add(Events::new_raw(fd, EventSet::IN));
@@ -201,10 +211,7 @@ impl Control {
                 (Some(_), Some(after)) => Some(timer(after.max(Duration::from_millis(1)), None)?),
                 _ => None,
             },
-            sampler: self
-                .sample_period
-                .map(|p| timer(p, Some(p)))
-                .transpose()?,
+            sampler: self.sample_period.map(|p| timer(p, Some(p))).transpose()?,
             sigusr1: self
                 .metrics_file
                 .as_ref()
@@ -221,8 +228,8 @@ impl Control {
             bus: Arc::clone(&self.shared.bus),
             seen: Seen::default(),
         }));
-        let mut manager = EventManager::<Arc<Mutex<dyn MutEventSubscriber + Send>>>::new()
-            .map_err(event_err)?;
+        let mut manager =
+            EventManager::<Arc<Mutex<dyn MutEventSubscriber + Send>>>::new().map_err(event_err)?;
         manager.add_subscriber(sources.clone());
         seccomp::install(ThreadKind::Control, seccomp, "control")?;
         log::info!(
@@ -406,10 +413,7 @@ impl Control {
             .map_err(std::io::Error::other)
             .and_then(|bytes| file.replace(&bytes))
         {
-            let e = format!(
-                "cannot write the metrics to {}: {e}",
-                file.path().display()
-            );
+            let e = format!("cannot write the metrics to {}: {e}", file.path().display());
             log::error!("{e}");
             if end.is_some() {
                 errors.push(e);

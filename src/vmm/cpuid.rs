@@ -4,8 +4,8 @@
 //!
 //! Pure policy: it works on plain entries, so it is tested without KVM.
 
-use super::pv::{LEAF_PV_BASE, LEAF_PV_INFO, PV_ABI_VERSION, PV_SIGNATURE, PvFeatures};
 use super::pv::{EXIT_PORT, UD_PORT};
+use super::pv::{LEAF_PV_BASE, LEAF_PV_INFO, PV_ABI_VERSION, PV_SIGNATURE, PvFeatures};
 use crate::lwp::cpuid::{
     CpuidEntry, EXT_FEATURES_ECX_LWP, GuestLwpSupport, LEAF_EXT_FEATURES, LEAF_EXT_MAX, LEAF_LWP,
     LwpFeatures, LwpProfile,

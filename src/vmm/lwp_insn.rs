@@ -8,6 +8,7 @@ use iced_x86::{
 };
 use kvm_bindings::kvm_regs;
 
+use super::pv::RFLAGS_CF;
 use crate::guard::{Access, GuestView};
 use crate::lwp::fault::GuestFault;
 use crate::lwp::record::ProgrammedEvent;
@@ -15,7 +16,6 @@ use crate::lwp::unit::LwpUnit;
 
 /// The longest x86 instruction.
 pub const MAX_INSN_LEN: usize = 15;
-const RFLAGS_CF: u64 = 1;
 
 /// The context an LWP instruction executes in.
 pub struct Context<'a> {

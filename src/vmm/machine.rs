@@ -194,7 +194,8 @@ pub fn supported_cpuid(kvm: &Kvm) -> Result<Vec<CpuidEntry>, VmError> {
     Ok(supported.as_slice().iter().map(from_kvm).collect())
 }
 
-fn register_memory(vm: &VmFd, mem: &GuestMemory) -> Result<(), VmError> {
+/// Gives KVM every region of `mem` as a memory slot.
+pub fn register_memory(vm: &VmFd, mem: &GuestMemory) -> Result<(), VmError> {
     for (slot, region) in mem.iter().enumerate() {
         let host = mem
             .get_host_address(region.start_addr())

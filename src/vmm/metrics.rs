@@ -170,7 +170,8 @@ mod tests {
     fn denials_are_counted_by_check() {
         let m = VcpuMetrics::default();
         // (fault, the counter it lands in)
-        let table: [(GuestFault, fn(&Counters) -> u64); 4] = [
+        type Case = (GuestFault, fn(&Counters) -> u64);
+        let table: [Case; 4] = [
             (
                 GuestFault::PageFault {
                     address: 0,

@@ -114,11 +114,15 @@ pub fn load_segment(view: &GuestView<'_>, sregs: &kvm_sregs, selector: u16) -> O
         Access::SupervisorRead,
     )
     .ok()?;
-    let d = u64::from_le_bytes(d);
+    Some(segment(selector, u64::from_le_bytes(d)))
+}
+
+/// The segment register `selector` loads from the 8-byte descriptor `d`.
+pub fn segment(selector: u16, d: u64) -> kvm_segment {
     let bit = |n: u32| ((d >> n) & 1) as u8;
     let limit = ((d & 0xffff) | ((d >> 32) & 0xf_0000)) as u32;
     let g = bit(55);
-    Some(kvm_segment {
+    kvm_segment {
         base: ((d >> 16) & 0xff_ffff) | ((d >> 32) & 0xff00_0000),
         limit: if g == 1 { (limit << 12) | 0xfff } else { limit },
         selector,
@@ -132,55 +136,15 @@ pub fn load_segment(view: &GuestView<'_>, sregs: &kvm_sregs, selector: u16) -> O
         avl: bit(52),
         unusable: u8::from(bit(47) == 0),
         padding: 0,
-    })
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::guard::{Paging, PagingCaps};
-
-    use crate::guard::pagetable::{PageSize, PageTables, PteFlags};
-    use vm_memory::{Bytes, GuestAddress};
-
-    const GDT: u64 = 0x1000;
-    /// The runtime's GDT: null, kernel code, kernel data, user data, user
-    /// code, a data segment at DPL 0 in a code slot, a non-present code
-    /// segment, a DPL-0 conforming code segment.
-    const DESCRIPTORS: [u64; 8] = [
-        0,
-        0x00af_9b00_0000_ffff,
-        0x00cf_9300_0000_ffff,
-        0x00cf_f300_0000_ffff,
-        0x00af_fb00_0000_ffff,
-        0x00cf_9300_0000_ffff,
-        0x00af_1b00_0000_ffff,
-        0x00af_9e00_0000_ffff,
-    ];
-
-    fn rig() -> (crate::guard::GuestMemory, kvm_sregs, Paging) {
-        let mem = crate::guard::GuestMemory::from_ranges(&[(GuestAddress(0), 4 << 20)]).unwrap();
-        for (i, d) in DESCRIPTORS.iter().enumerate() {
-            mem.write_obj(*d, GuestAddress(GDT + 8 * i as u64)).unwrap();
-        }
-        let mut tables = PageTables::new(&mem, 0x20_0000, 0x30_0000).unwrap();
-        tables
-            .map(0, 0, PageSize::Size2M, PteFlags::KERNEL_RW)
-            .unwrap();
-        let paging = Paging::from_regs(
-            0x8000_0011,
-            tables.cr3(),
-            0x20,
-            0x500,
-            PagingCaps::COMMON,
-            0,
-        )
-        .unwrap();
-        let mut sregs = kvm_sregs::default();
-        sregs.gdt.base = GDT;
-        sregs.gdt.limit = (DESCRIPTORS.len() * 8 - 1) as u16;
-        (mem, sregs, paging)
-    }
+    use crate::lwp::cpuid::LwpProfile;
+    use crate::vmm::vcpu::VcpuOps;
+    use crate::vmm::vcpu::testing::Rig;
 
     #[test]
     fn cpl_is_ss_dpl() {
@@ -198,14 +162,16 @@ mod tests {
 
     #[test]
     fn frames_claim_no_more_than_their_context_had() {
-        let (mem, sregs, paging) = rig();
-        let view = GuestView::new(&mem, paging);
-        // (CS, SS, result)
-        let table: [(u64, u64, Result<u8, FrameError>); 10] = [
+        let r = Rig::new(LwpProfile::Off, None);
+        let sregs = r.vcpu.sregs();
+        let view = GuestView::new(&r.mem, r.vcpu.paging(&sregs).unwrap());
+        // (CS, SS, result) over the rig's GDT (crate::vmm::vcpu::testing)
+        let table: [(u64, u64, Result<u8, FrameError>); 13] = [
             (0x08, 0x10, Ok(0)),
             (0x08, 0, Ok(0)),
             (0x23, 0x1b, Ok(3)),
-            (0x3b, 0x1b, Ok(3)),
+            (0x53, 0x1b, Ok(3)),
+            (0x50, 0x10, Ok(0)),
             (0x23, 0x10, Err(FrameError::RplMismatch { cs: 3, ss: 0 })),
             (0x08, 0x1b, Err(FrameError::RplMismatch { cs: 0, ss: 3 })),
             (
@@ -227,7 +193,9 @@ mod tests {
                 }),
             ),
             (0x28, 0x10, Err(FrameError::NotCode(0x28))),
-            (0x43, 0x1b, Err(FrameError::Descriptor(0x43))),
+            (0x30, 0x10, Err(FrameError::NotCode(0x30))),
+            (0x5b, 0x1b, Err(FrameError::Descriptor(0x5b))),
+            (0x0c, 0x10, Err(FrameError::Descriptor(0x0c))),
         ];
         for (cs, ss, want) in table {
             assert_eq!(
@@ -236,20 +204,28 @@ mod tests {
                 "CS {cs:#x} SS {ss:#x}"
             );
         }
-        let (cs_np, ss) = (0x30, 0x10);
-        assert_eq!(
-            frame_privilege(&view, &sregs, cs_np, ss),
-            Err(FrameError::NotCode(0x30)),
-            "not present"
-        );
         assert_eq!(
             frame_privilege(&view, &sregs, 0x1_0008, 0x10),
             Err(FrameError::Selector(0x1_0008))
         );
-        assert_eq!(
-            frame_privilege(&view, &sregs, 0x0c, 0x10),
-            Err(FrameError::Descriptor(0x0c)),
-            "an LDT selector"
-        );
+    }
+
+    #[test]
+    fn descriptors_decode_to_segments() {
+        // (descriptor, base, limit, type, DPL, L, present)
+        let table = [
+            (0x00af_9b00_0000_ffff_u64, 0, 0xffff_ffff, 0xb, 0, 1, 1),
+            (0x00cf_f300_0000_ffff, 0, 0xffff_ffff, 0x3, 3, 0, 1),
+            (0x0040_8912_3456_0067, 0x0012_3456, 0x67, 0x9, 0, 0, 1),
+            (0x00af_1b00_0000_ffff, 0, 0xffff_ffff, 0xb, 0, 1, 0),
+        ];
+        for (d, base, limit, type_, dpl, l, present) in table {
+            let s = segment(0x08, d);
+            assert_eq!(
+                (s.base, s.limit, s.type_, s.dpl, s.l, s.present, s.unusable),
+                (base, limit, type_, dpl, l, present, 1 - present),
+                "{d:#x}"
+            );
+        }
     }
 }

@@ -6,8 +6,8 @@
 //! what a control API drives.
 
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
@@ -270,10 +270,14 @@ impl Vmm {
                 }
             }
         }
-        let wake = self.handle.wake.try_clone().map_err(|source| VmError::Thread {
-            what: "control",
-            source,
-        })?;
+        let wake = self
+            .handle
+            .wake
+            .try_clone()
+            .map_err(|source| VmError::Thread {
+                what: "control",
+                source,
+            })?;
         let control = Control {
             vm: self.vm,
             shared: self.shared,

@@ -298,11 +298,40 @@ mod tests {
             })
         };
         // (what, profile, instruction bytes at USER_CODE, RAX, setup, want)
-        let table: [(&str, LwpProfile, &[u8], u64, Setup, Want); 12] = [
-            ("lwpins", LwpProfile::Emulated, &LWPINS, 7, user, Want::Handled(USER_CODE + 9)),
-            ("not an LWP instruction", LwpProfile::Emulated, &nop, 0, user, Want::NotOurs(false)),
-            ("no LWP in the profile", LwpProfile::Off, &LWPINS, 0, user, Want::NotOurs(false)),
-            ("from CPL3", LwpProfile::Emulated, &LWPINS, 0, Setup::Cpl3(false), Want::NotOurs(true)),
+        type Case<'a> = (&'a str, LwpProfile, &'a [u8], u64, Setup, Want);
+        let table: [Case; 12] = [
+            (
+                "lwpins",
+                LwpProfile::Emulated,
+                &LWPINS,
+                7,
+                user,
+                Want::Handled(USER_CODE + 9),
+            ),
+            (
+                "not an LWP instruction",
+                LwpProfile::Emulated,
+                &nop,
+                0,
+                user,
+                Want::NotOurs(false),
+            ),
+            (
+                "no LWP in the profile",
+                LwpProfile::Off,
+                &LWPINS,
+                0,
+                user,
+                Want::NotOurs(false),
+            ),
+            (
+                "from CPL3",
+                LwpProfile::Emulated,
+                &LWPINS,
+                0,
+                Setup::Cpl3(false),
+                Want::NotOurs(true),
+            ),
             (
                 "from CPL3 in a conforming segment",
                 LwpProfile::Emulated,
@@ -311,7 +340,14 @@ mod tests {
                 Setup::Cpl3(true),
                 Want::NotOurs(true),
             ),
-            ("frame unmapped", LwpProfile::Emulated, &LWPINS, 0, Setup::UnmappedFrame, Want::NotOurs(true)),
+            (
+                "frame unmapped",
+                LwpProfile::Emulated,
+                &LWPINS,
+                0,
+                Setup::UnmappedFrame,
+                Want::NotOurs(true),
+            ),
             (
                 "frame CS.RPL 0, SS.RPL 3",
                 LwpProfile::Emulated,
@@ -376,7 +412,10 @@ mod tests {
             Setup::Frame(USER_CODE, USER_CS, USER_DS),
         );
         let rec = r.record(0);
-        assert_eq!((rec.event_id, rec.data2, rec.instruction_address), (255, 7, USER_CODE));
+        assert_eq!(
+            (rec.event_id, rec.data2, rec.instruction_address),
+            (255, 7, USER_CODE)
+        );
         assert_eq!(r.metrics.counters().lwpins, 1);
         let (r, _) = ring(
             LwpProfile::Emulated,
@@ -385,8 +424,14 @@ mod tests {
             Setup::Frame(USER_CODE, USER_CS, USER_DS),
         );
         let (regs, sregs, _) = r.vcpu.injected[0];
-        assert_eq!((regs.rip, regs.rsp, regs.rflags), (USER_CODE, USER_STACK - 0x80, 0x202));
-        assert_eq!((sregs.cs.selector, sregs.cs.dpl, sregs.ss.selector), (0x23, 3, 0x1b));
+        assert_eq!(
+            (regs.rip, regs.rsp, regs.rflags),
+            (USER_CODE, USER_STACK - 0x80, 0x202)
+        );
+        assert_eq!(
+            (sregs.cs.selector, sregs.cs.dpl, sregs.ss.selector),
+            (0x23, 3, 0x1b)
+        );
         assert_eq!(r.metrics.counters().ud_faults, 1);
     }
 
@@ -394,14 +439,63 @@ mod tests {
     fn emulation_failures() {
         // (what, profile, CPL0 bytes, RAX, result: Ok(RIP after) or
         // Err(text in the error), fault injected)
-        type Case = (&'static str, LwpProfile, Vec<u8>, u64, Result<u64, &'static str>, Option<u8>);
+        type Case = (
+            &'static str,
+            LwpProfile,
+            Vec<u8>,
+            u64,
+            Result<u64, &'static str>,
+            Option<u8>,
+        );
         let table: [Case; 6] = [
-            ("fwait", LwpProfile::Emulated, vec![0x9b], 0, Ok(KERNEL_CODE + 1), None),
-            ("lwpins", LwpProfile::Emulated, LWPINS.to_vec(), 0, Ok(KERNEL_CODE + 9), None),
-            ("llwpcb of an unmapped block", LwpProfile::Emulated, LLWPCB_RAX.to_vec(), UNMAPPED, Ok(KERNEL_CODE), Some(14)),
-            ("no LWP: #UD", LwpProfile::Off, LWPINS.to_vec(), 0, Ok(KERNEL_CODE), Some(6)),
-            ("another instruction", LwpProfile::Emulated, vec![0x0f, 0x0b], 0, Err("0f 0b"), None),
-            ("no bytes", LwpProfile::Emulated, vec![], 0, Err("suberror 1"), None),
+            (
+                "fwait",
+                LwpProfile::Emulated,
+                vec![0x9b],
+                0,
+                Ok(KERNEL_CODE + 1),
+                None,
+            ),
+            (
+                "lwpins",
+                LwpProfile::Emulated,
+                LWPINS.to_vec(),
+                0,
+                Ok(KERNEL_CODE + 9),
+                None,
+            ),
+            (
+                "llwpcb of an unmapped block",
+                LwpProfile::Emulated,
+                LLWPCB_RAX.to_vec(),
+                UNMAPPED,
+                Ok(KERNEL_CODE),
+                Some(14),
+            ),
+            (
+                "no LWP: #UD",
+                LwpProfile::Off,
+                LWPINS.to_vec(),
+                0,
+                Ok(KERNEL_CODE),
+                Some(6),
+            ),
+            (
+                "another instruction",
+                LwpProfile::Emulated,
+                vec![0x0f, 0x0b],
+                0,
+                Err("0f 0b"),
+                None,
+            ),
+            (
+                "no bytes",
+                LwpProfile::Emulated,
+                vec![],
+                0,
+                Err("suberror 1"),
+                None,
+            ),
         ];
         for (what, profile, bytes, rax, want, fault) in table {
             let mut r = Rig::new(profile, None);

@@ -119,9 +119,7 @@ pub fn handle_exit(
             }
             ExitAction::Done
         }
-        Ok(VcpuExit::Debug(exit))
-            if dev.lwp.stepper.backend() == Some(StepBackend::GuestDebug) =>
-        {
+        Ok(VcpuExit::Debug(exit)) if dev.lwp.stepper.backend() == Some(StepBackend::GuestDebug) => {
             ExitAction::Debug(exit)
         }
         Ok(VcpuExit::Shutdown) => ExitAction::Shutdown,
@@ -219,7 +217,23 @@ mod tests {
     fn bus() -> (Mutex<PortBus>, Arc<Mutex<Vec<u8>>>) {
         let console = Arc::new(Mutex::new(Vec::new()));
         let out = SerialOut::Capture(Arc::clone(&console)).writer().unwrap();
-        (Mutex::new(PortBus::new(out, EventFd::new(0).unwrap())), console)
+        (
+            Mutex::new(PortBus::new(out, EventFd::new(0).unwrap())),
+            console,
+        )
+    }
+
+    fn devices<'a>(
+        bus: &'a Mutex<PortBus>,
+        lwp: &'a mut VcpuLwp,
+        metrics: &'a VcpuMetrics,
+    ) -> Devices<'a> {
+        Devices {
+            id: 0,
+            bus,
+            lwp,
+            metrics,
+        }
     }
 
     #[test]
@@ -227,17 +241,20 @@ mod tests {
         let (bus, console) = bus();
         let mut lwp = VcpuLwp::new(LwpProfile::Emulated.caps(), true, None, None).unwrap();
         let metrics = VcpuMetrics::default();
-        let mut dev = Devices {
-            id: 0,
-            bus: &bus,
-            lwp: &mut lwp,
-            metrics: &metrics,
-        };
+        let mut dev = devices(&bus, &mut lwp, &metrics);
         // (port, byte written, action)
         let writes = [
             (0x3f8, b'x', ExitAction::PortDone),
-            (0xf4, 3, ExitAction::Port(PortAction::End(GuestEnd::ExitPort(3)))),
-            (0x5e, 0, ExitAction::Port(PortAction::End(GuestEnd::PowerOff))),
+            (
+                0xf4,
+                3,
+                ExitAction::Port(PortAction::End(GuestEnd::ExitPort(3))),
+            ),
+            (
+                0x5e,
+                0,
+                ExitAction::Port(PortAction::End(GuestEnd::PowerOff)),
+            ),
             (0x5c, 0, ExitAction::Port(PortAction::UdDoorbell)),
             (0x5d, 1, ExitAction::Port(PortAction::LwpStateCall)),
             (0x5b, 0, ExitAction::Port(PortAction::DbDoorbell)),
@@ -256,7 +273,11 @@ mod tests {
             assert_eq!((got, data[0]), (ExitAction::PortDone, want), "in {port:#x}");
             assert_eq!(metrics.counters().unclaimed_ports > before, unclaimed);
         }
-        assert_eq!(metrics.counters().unclaimed_ports, 2, "out 0x81 and in 0x61");
+        assert_eq!(
+            metrics.counters().unclaimed_ports,
+            2,
+            "out 0x81 and in 0x61"
+        );
         assert_eq!(metrics.counters().exits_io, 9);
     }
 
@@ -265,15 +286,16 @@ mod tests {
         let (bus, _) = bus();
         let mut lwp = VcpuLwp::new(LwpProfile::Bulldozer.caps(), true, None, None).unwrap();
         let metrics = VcpuMetrics::default();
-        let mut dev = Devices {
-            id: 0,
-            bus: &bus,
-            lwp: &mut lwp,
-            metrics: &metrics,
-        };
+        let mut dev = devices(&bus, &mut lwp, &metrics);
         // (index, value written, error on the write, error on the read, value read)
         let table = [
-            (MSR_LWP_CFG, 0x0000_4000_8000_000E, 0, 0, 0x0000_4000_8000_000E),
+            (
+                MSR_LWP_CFG,
+                0x0000_4000_8000_000E,
+                0,
+                0,
+                0x0000_4000_8000_000E,
+            ),
             (MSR_LWP_CFG, 1 << 5, 1, 0, 0x0000_4000_8000_000E),
             (0xC000_0107, 0, 1, 1, 0),
         ];
@@ -286,7 +308,11 @@ mod tests {
                 data: value,
             };
             let got = handle_exit(Ok(VcpuExit::X86Wrmsr(exit)), &mut dev).unwrap();
-            assert_eq!((got, error), (ExitAction::Done, write_error), "wrmsr {index:#x}");
+            assert_eq!(
+                (got, error),
+                (ExitAction::Done, write_error),
+                "wrmsr {index:#x}"
+            );
             let (mut error, mut data) = (9, 0);
             let exit = ReadMsrExit {
                 error: &mut error,
@@ -307,8 +333,16 @@ mod tests {
         r.vcpu.regs.rip = 0x1234;
         let mut mmio = [0u8; 4];
         // (exit, action, error text when acted on)
-        let table: [(Result<VcpuExit<'_>, kvm_ioctls::Error>, ExitAction, Option<&str>); 6] = [
-            (Ok(VcpuExit::Hlt), ExitAction::Unhandled("Hlt".into()), Some("unhandled exit Hlt at RIP 0x1234")),
+        let table: [(
+            Result<VcpuExit<'_>, kvm_ioctls::Error>,
+            ExitAction,
+            Option<&str>,
+        ); 6] = [
+            (
+                Ok(VcpuExit::Hlt),
+                ExitAction::Unhandled("Hlt".into()),
+                Some("unhandled exit Hlt at RIP 0x1234"),
+            ),
             (
                 Ok(VcpuExit::MmioRead(0xfed0_0000, &mut mmio)),
                 ExitAction::Unhandled(
@@ -316,18 +350,29 @@ mod tests {
                 ),
                 Some("which no device backs"),
             ),
-            (Ok(VcpuExit::Shutdown), ExitAction::Shutdown, Some("the guest shut down")),
-            (Ok(VcpuExit::InternalError), ExitAction::EmulationFailure, Some("suberror 1")),
-            (Err(kvm_ioctls::Error::new(libc::EINTR)), ExitAction::Interrupted, None),
-            (Err(kvm_ioctls::Error::new(libc::EAGAIN)), ExitAction::Interrupted, None),
+            (
+                Ok(VcpuExit::Shutdown),
+                ExitAction::Shutdown,
+                Some("the guest shut down"),
+            ),
+            (
+                Ok(VcpuExit::InternalError),
+                ExitAction::EmulationFailure,
+                Some("suberror 1"),
+            ),
+            (
+                Err(kvm_ioctls::Error::new(libc::EINTR)),
+                ExitAction::Interrupted,
+                None,
+            ),
+            (
+                Err(kvm_ioctls::Error::new(libc::EAGAIN)),
+                ExitAction::Interrupted,
+                None,
+            ),
         ];
         for (exit, want, error) in table {
-            let mut dev = Devices {
-                id: 0,
-                bus: &bus,
-                lwp: &mut r.lwp,
-                metrics: &r.metrics,
-            };
+            let mut dev = devices(&bus, &mut r.lwp, &r.metrics);
             let action = handle_exit(exit, &mut dev).unwrap();
             assert_eq!(action, want);
             match (act(action, &mut r.cx()), error) {
@@ -336,12 +381,7 @@ mod tests {
                 (got, want) => panic!("{got:?}, want an error with {want:?}"),
             }
         }
-        let mut dev = Devices {
-            id: 0,
-            bus: &bus,
-            lwp: &mut r.lwp,
-            metrics: &r.metrics,
-        };
+        let mut dev = devices(&bus, &mut r.lwp, &r.metrics);
         let failed = handle_exit(Err(kvm_ioctls::Error::new(libc::EBADF)), &mut dev);
         assert!(matches!(failed, Err(VcpuError::Run { .. })));
     }

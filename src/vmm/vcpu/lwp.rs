@@ -303,7 +303,12 @@ mod tests {
         let mut lwp = VcpuLwp::new(LwpProfile::Bulldozer.caps(), true, None, None).unwrap();
         // (index, value written, write accepted, value read back)
         let table = [
-            (MSR_LWP_CFG, 0x0000_4000_8000_000E, true, Some(0x0000_4000_8000_000E)),
+            (
+                MSR_LWP_CFG,
+                0x0000_4000_8000_000E,
+                true,
+                Some(0x0000_4000_8000_000E),
+            ),
             (MSR_LWP_CFG, 1 << 5, false, Some(0x0000_4000_8000_000E)),
             (MSR_LWP_CFG, 1 << 7, false, Some(0x0000_4000_8000_000E)),
             (MSR_LWP_CBADDR, 0, true, Some(0)),
@@ -405,7 +410,11 @@ mod exit_side_tests {
             }
             sample(&mut r.cx(), 1 << 20);
             let c = r.metrics.counters();
-            assert_eq!((c.sampler_kicks, c.samples_charged), (1, u64::from(charged)), "{what}");
+            assert_eq!(
+                (c.sampler_kicks, c.samples_charged),
+                (1, u64::from(charged)),
+                "{what}"
+            );
             let stored = r.lwp.unit().unwrap().stats().records_stored;
             assert_eq!(stored > 0, charged, "{what}");
             if charged {

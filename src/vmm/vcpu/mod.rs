@@ -13,7 +13,7 @@ mod ops;
 mod state_call;
 mod stepper;
 #[cfg(test)]
-mod testing;
+pub(crate) mod testing;
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -294,7 +294,10 @@ impl Vcpu {
                     shared.stop.store(true, Ordering::Release);
                     let _ = shared.exit.write(1);
                 }
-                (result, self.lwp.unit().map(LwpUnit::stats).unwrap_or_default())
+                (
+                    result,
+                    self.lwp.unit().map(LwpUnit::stats).unwrap_or_default(),
+                )
             })?;
         Ok(VcpuHandle {
             thread,
@@ -442,9 +445,7 @@ impl Vcpu {
                 }
                 VcpuEvent::SaveState => {
                     let state = self.capture(shared);
-                    let _ = mailbox
-                        .responses
-                        .send(VcpuResponse::State(Box::new(state)));
+                    let _ = mailbox.responses.send(VcpuResponse::State(Box::new(state)));
                 }
                 VcpuEvent::Resume => {
                     let _ = mailbox.responses.send(VcpuResponse::Resumed);

@@ -122,25 +122,128 @@ mod tests {
             a
         };
         // (what, profile, from, op, area at, area content, status, RDX)
-        type Case = (&'static str, LwpProfile, From, u8, u64, Option<LwpXsaveArea>, StateStatus, u64);
+        type Case = (
+            &'static str,
+            LwpProfile,
+            From,
+            u8,
+            u64,
+            Option<LwpXsaveArea>,
+            StateStatus,
+            u64,
+        );
         let table: [Case; 10] = [
-            ("save", LwpProfile::Emulated, From::Cpl0, 1, AREA, None, StateStatus::Ok, 0),
-            ("restore of LWP off", LwpProfile::Emulated, From::Cpl0, 2, AREA, Some(LwpXsaveArea::INIT), StateStatus::Ok, 0),
-            ("declare the #DB doorbell", LwpProfile::Precise, From::Cpl0, 3, 0, None, StateStatus::Ok, 0),
-            ("no LWP", LwpProfile::Off, From::Cpl0, 1, AREA, None, StateStatus::NoLwp, 0),
-            ("save into unmapped memory", LwpProfile::Emulated, From::Cpl0, 1, UNMAPPED, None, StateStatus::BadArea, 0),
-            ("restore from unmapped memory", LwpProfile::Emulated, From::Cpl0, 2, UNMAPPED, None, StateStatus::BadArea, 0),
-            ("restore of an unmapped LWPCB", LwpProfile::Emulated, From::Cpl0, 2, AREA, Some(unmapped_block), StateStatus::Refused, 14),
-            ("unknown operation", LwpProfile::Emulated, From::Cpl0, 9, AREA, None, StateStatus::BadCall, 0),
-            ("from CPL3", LwpProfile::Emulated, From::Cpl3(false), 1, USER_CODE, None, StateStatus::BadCall, 0),
-            ("from CPL3 in a conforming segment", LwpProfile::Emulated, From::Cpl3(true), 1, AREA, None, StateStatus::BadCall, 0),
+            (
+                "save",
+                LwpProfile::Emulated,
+                From::Cpl0,
+                1,
+                AREA,
+                None,
+                StateStatus::Ok,
+                0,
+            ),
+            (
+                "restore of LWP off",
+                LwpProfile::Emulated,
+                From::Cpl0,
+                2,
+                AREA,
+                Some(LwpXsaveArea::INIT),
+                StateStatus::Ok,
+                0,
+            ),
+            (
+                "declare the #DB doorbell",
+                LwpProfile::Precise,
+                From::Cpl0,
+                3,
+                0,
+                None,
+                StateStatus::Ok,
+                0,
+            ),
+            (
+                "no LWP",
+                LwpProfile::Off,
+                From::Cpl0,
+                1,
+                AREA,
+                None,
+                StateStatus::NoLwp,
+                0,
+            ),
+            (
+                "save into unmapped memory",
+                LwpProfile::Emulated,
+                From::Cpl0,
+                1,
+                UNMAPPED,
+                None,
+                StateStatus::BadArea,
+                0,
+            ),
+            (
+                "restore from unmapped memory",
+                LwpProfile::Emulated,
+                From::Cpl0,
+                2,
+                UNMAPPED,
+                None,
+                StateStatus::BadArea,
+                0,
+            ),
+            (
+                "restore of an unmapped LWPCB",
+                LwpProfile::Emulated,
+                From::Cpl0,
+                2,
+                AREA,
+                Some(unmapped_block),
+                StateStatus::Refused,
+                14,
+            ),
+            (
+                "unknown operation",
+                LwpProfile::Emulated,
+                From::Cpl0,
+                9,
+                AREA,
+                None,
+                StateStatus::BadCall,
+                0,
+            ),
+            (
+                "from CPL3",
+                LwpProfile::Emulated,
+                From::Cpl3(false),
+                1,
+                USER_CODE,
+                None,
+                StateStatus::BadCall,
+                0,
+            ),
+            (
+                "from CPL3 in a conforming segment",
+                LwpProfile::Emulated,
+                From::Cpl3(true),
+                1,
+                AREA,
+                None,
+                StateStatus::BadCall,
+                0,
+            ),
         ];
         for (what, profile, from, op, at, content, status, rdx) in table {
             let mut r = Rig::new(profile, None);
             if let Some(area) = content {
-                r.mem.write_slice(area.as_slice(), GuestAddress(at)).unwrap();
+                r.mem
+                    .write_slice(area.as_slice(), GuestAddress(at))
+                    .unwrap();
             }
-            r.mem.write_slice(&[0xee; 128], GuestAddress(AREA + 0x800)).unwrap();
+            r.mem
+                .write_slice(&[0xee; 128], GuestAddress(AREA + 0x800))
+                .unwrap();
             if let From::Cpl3(conforming) = from {
                 r.at_cpl3(conforming);
             }

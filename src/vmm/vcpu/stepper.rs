@@ -106,7 +106,8 @@ pub fn db_doorbell(cx: &mut ExitCx<'_>) {
         let cpl = privilege::frame_privilege(&view, &sregs, frame.cs, frame.ss).ok()?;
         Some((view, frame, cpl == 3))
     });
-    let (Some((mut view, mut frame, user)), Some(mut prev)) = (checked, cx.lwp.stepper.state.step_from)
+    let (Some((mut view, mut frame, user)), Some(mut prev)) =
+        (checked, cx.lwp.stepper.state.step_from)
     else {
         regs.rflags = Reply::NotOurs.apply(regs.rflags);
         cx.vcpu.set_regs(&regs);
@@ -298,11 +299,46 @@ mod tests {
         // (what, setup, steps counted, CF, TF in the frame, step origin after)
         type Case = (&'static str, Setup, u64, Option<bool>, bool, Option<u64>);
         let table: [Case; 5] = [
-            ("a step", Setup::Step, 1, Some(false), true, Some(USER_CODE + 7)),
-            ("no step in progress", Setup::NotStepping, 0, Some(true), false, None),
-            ("rung from CPL3: nothing changes", Setup::FromCpl3, 0, None, false, Some(USER_CODE + 5)),
-            ("an impossible frame", Setup::BadFrame, 0, Some(true), false, Some(USER_CODE + 5)),
-            ("the context left LWP", Setup::NoLongerLive, 1, Some(false), false, None),
+            (
+                "a step",
+                Setup::Step,
+                1,
+                Some(false),
+                true,
+                Some(USER_CODE + 7),
+            ),
+            (
+                "no step in progress",
+                Setup::NotStepping,
+                0,
+                Some(true),
+                false,
+                None,
+            ),
+            (
+                "rung from CPL3: nothing changes",
+                Setup::FromCpl3,
+                0,
+                None,
+                false,
+                Some(USER_CODE + 5),
+            ),
+            (
+                "an impossible frame",
+                Setup::BadFrame,
+                0,
+                Some(true),
+                false,
+                Some(USER_CODE + 5),
+            ),
+            (
+                "the context left LWP",
+                Setup::NoLongerLive,
+                1,
+                Some(false),
+                false,
+                None,
+            ),
         ];
         for (what, setup, steps, cf, tf, origin) in table {
             let mut r = stepping(StepBackend::TrapFlag);
@@ -340,10 +376,17 @@ mod tests {
             r.at_cpl3(false);
             r.vcpu.regs.rip = rip_at_exit;
             note_pio_step(&mut r.cx());
-            assert_eq!(r.lwp.stepper.state().pio_step, Some((USER_CODE + 5, USER_CODE + 7)));
+            assert_eq!(
+                r.lwp.stepper.state().pio_step,
+                Some((USER_CODE + 5, USER_CODE + 7))
+            );
             r.frame(USER_CODE + 9, USER_CS, USER_DS, 0x302);
             db_doorbell(&mut r.cx());
-            assert_eq!(r.metrics.counters().steps, 2, "RIP {rip_at_exit:#x} at the exit");
+            assert_eq!(
+                r.metrics.counters().steps,
+                2,
+                "RIP {rip_at_exit:#x} at the exit"
+            );
             assert_eq!(r.lwp.stepper.state().pio_step, None);
         }
     }

@@ -7,7 +7,7 @@
 
 use std::cell::RefCell;
 
-use kvm_bindings::{kvm_msi, kvm_regs, kvm_segment, kvm_sregs};
+use kvm_bindings::{kvm_msi, kvm_regs, kvm_sregs};
 use vm_memory::{ByteValued, Bytes, GuestAddress};
 
 use super::ops::{EmulationFailure, VcpuOps};
@@ -20,6 +20,7 @@ use crate::lwp::lwpcb::LwpcbFixed;
 use crate::lwp::record::EventRecord;
 use crate::vmm::guest_paging::PagingSource;
 use crate::vmm::metrics::VcpuMetrics;
+use crate::vmm::privilege::segment;
 use crate::vmm::pv::Frame;
 use crate::vmm::step::StepBackend;
 
@@ -131,22 +132,6 @@ impl VcpuOps for FakeVcpu {
     }
 }
 
-fn segment(selector: u64, descriptor: u64) -> kvm_segment {
-    let bit = |n: u32| ((descriptor >> n) & 1) as u8;
-    kvm_segment {
-        selector: selector as u16,
-        type_: ((descriptor >> 40) & 0xf) as u8,
-        present: bit(47),
-        dpl: ((descriptor >> 45) & 3) as u8,
-        s: bit(44),
-        l: bit(53),
-        db: bit(54),
-        g: bit(55),
-        limit: 0xffff_ffff,
-        ..Default::default()
-    }
-}
-
 /// Guest memory, a fake vCPU and its LWP state.
 pub struct Rig {
     pub mem: GuestMemory,
@@ -170,8 +155,13 @@ impl Rig {
                 .unwrap();
             pt.map_range(READ_ONLY, READ_ONLY, 0x1000, PteFlags::USER_RO)
                 .unwrap();
-            pt.map_range(USER_STACK - 0x1000, USER_STACK - 0x1000, 0x1000, PteFlags::USER_RW)
-                .unwrap();
+            pt.map_range(
+                USER_STACK - 0x1000,
+                USER_STACK - 0x1000,
+                0x1000,
+                PteFlags::USER_RW,
+            )
+            .unwrap();
             pt.cr3()
         };
         let mut sregs = kvm_sregs {
@@ -244,8 +234,8 @@ impl Rig {
     /// Puts the vCPU at CPL0 in the kernel code segment with RSP at the
     /// frame, as a doorbell's `out` finds it.
     pub fn at_cpl0(&mut self) {
-        self.vcpu.sregs.cs = segment(KERNEL_CS, DESCRIPTORS[1]);
-        self.vcpu.sregs.ss = segment(KERNEL_DS, DESCRIPTORS[2]);
+        self.vcpu.sregs.cs = segment(KERNEL_CS as u16, DESCRIPTORS[1]);
+        self.vcpu.sregs.ss = segment(KERNEL_DS as u16, DESCRIPTORS[2]);
         self.vcpu.regs.rsp = FRAME_AT;
     }
 
@@ -253,11 +243,11 @@ impl Rig {
     /// conforming segment (where CS.DPL reads 0).
     pub fn at_cpl3(&mut self, conforming: bool) {
         self.vcpu.sregs.cs = if conforming {
-            segment(CONFORMING_CPL3, DESCRIPTORS[10])
+            segment(CONFORMING_CPL3 as u16, DESCRIPTORS[10])
         } else {
-            segment(USER_CS, DESCRIPTORS[4])
+            segment(USER_CS as u16, DESCRIPTORS[4])
         };
-        self.vcpu.sregs.ss = segment(USER_DS, DESCRIPTORS[3]);
+        self.vcpu.sregs.ss = segment(USER_DS as u16, DESCRIPTORS[3]);
         self.vcpu.regs.rsp = USER_STACK - 0x100;
     }
 
@@ -312,9 +302,7 @@ impl Rig {
 
     /// A record of the ring.
     pub fn record(&self, slot: u64) -> EventRecord {
-        self.mem
-            .read_obj(GuestAddress(RING + 32 * slot))
-            .unwrap()
+        self.mem.read_obj(GuestAddress(RING + 32 * slot)).unwrap()
     }
 }
 
