@@ -175,8 +175,9 @@ fn wait_for(path: &std::path::Path, text: &str, child: &mut std::process::Child)
 }
 
 /// SIGINT and SIGTERM stop the VM at once and cleanly: the console (to a
-/// file, written through line by line while the VM runs), the trace and the
-/// metrics are all there, one line says why, and the status is 128 + N.
+/// file, written through line by line while the VM runs: the test waits for
+/// a line in it), the trace and the metrics are all there, one line says
+/// why, and the status is 128 + N.
 #[test]
 fn signals_stop_the_vm_cleanly() {
     require_kvm();
@@ -204,7 +205,8 @@ fn signals_stop_the_vm_cleanly() {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
-        wait_for(&console, "replay: starting", &mut child);
+        // Iteration 1000 reached: LWPVAL records are stored.
+        wait_for(&console, "replay: step 1000", &mut child);
         let kill = std::process::Command::new("kill")
             .arg(format!("-{signal}"))
             .arg(child.id().to_string())
