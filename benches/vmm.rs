@@ -9,13 +9,17 @@
 //!   against a null sampler that only kicks;
 //! - single-stepping cost per instruction with IRE, and with IRE and BRE;
 //! - the Linux guest of resources/linux (built on first use): time to
-//!   userspace, to the self-test's last line and to the process's end, under
-//!   lwpvmm and, when installed, under QEMU microvm on the same kernel,
-//!   initramfs and command line.
+//!   userspace, to the self-test's last line and to the process's end under
+//!   lwpvmm, and boot to userspace against QEMU's pc machine, when
+//!   installed, on the same kernel, initramfs and command line;
+//! - SMP: LWPINS records per second of one process on one vCPU against two
+//!   processes on two vCPUs (the Linux guest's lwp-rate), and Linux boot to
+//!   userspace on two vCPUs against one and against QEMU's pc machine with
+//!   -smp 2.
 //!
 //! `cargo bench --bench vmm [-- WORD...]` (not run by CI; the words pick
 //! sections by name: round_trips, starts, snapshots, sampler, precise,
-//! linux_boot). Cycle counts come from the
+//! linux_boot, smp). Cycle counts come from the
 //! guest's RDTSC, so the ratios do not depend on the TSC frequency. Wall
 //! time and peak RSS of whole processes come from GNU time (`apt-get install
 //! time`); QEMU from `apt-get install qemu-system-x86`.
@@ -136,6 +140,62 @@ fn qemu_microvm(extra: &[&str]) -> Vec<String> {
     .chain(extra)
     .map(|a| a.to_string())
     .collect()
+}
+
+/// QEMU's pc machine (SeaBIOS, KVM, 64 MiB, console on stdio) booting the
+/// Linux guest with `smp` CPUs and lwpvmm's default command line. Not
+/// microvm: its hardware-reduced ACPI has no PM timer, and on this host
+/// the kernel's PIT calibration fails, so without the pc machine's HPET
+/// the kernel finds no TSC reference and hangs.
+fn qemu_pc_linux(kernel: &str, initramfs: &str, smp: u8) -> Vec<String> {
+    let smp = smp.to_string();
+    [
+        "qemu-system-x86_64",
+        "-M",
+        "pc",
+        "-enable-kvm",
+        "-cpu",
+        "host,arch-capabilities=off",
+        "-m",
+        "64",
+        "-smp",
+        &smp,
+        "-nodefaults",
+        "-no-user-config",
+        "-serial",
+        "stdio",
+        "-display",
+        "none",
+        "-no-reboot",
+        "-kernel",
+        kernel,
+        "-initrd",
+        initramfs,
+        "-append",
+        lwpvmm::vmm::boot::LINUX_CMDLINE,
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// Boot to userspace (the kernel's `Run /init` line): seconds from the
+/// process's start, and the kernel's own printk timestamp of that line
+/// (which leaves out the VMM's and the firmware's start, and the kernel's
+/// first steps before its clock runs).
+#[derive(Clone, Copy)]
+struct Boot {
+    wall: f64,
+    kernel: f64,
+}
+
+fn to_userspace(args: &[String]) -> Option<Boot> {
+    let (seen, console) = console_times(args, &[|l| l.contains("Run /init")]);
+    let line = console.lines().find(|l| l.contains("Run /init"))?;
+    let stamp = line.split_once('[')?.1.split_once(']')?.0.trim();
+    Some(Boot {
+        wall: seen[0]?,
+        kernel: stamp.parse().ok()?,
+    })
 }
 
 fn has_qemu() -> bool {
@@ -328,7 +388,7 @@ fn sampler() {
 /// marker, and the console. The last marker ends the run: the VMM is killed
 /// there, because QEMU keeps a halted guest running (lwpvmm has exited by
 /// then). A guest that never gets there is killed after two minutes.
-fn console_times(args: &[String], markers: &[&str]) -> (Vec<Option<f64>>, String) {
+fn console_times(args: &[String], markers: &[fn(&str) -> bool]) -> (Vec<Option<f64>>, String) {
     let started = Instant::now();
     let child = Arc::new(Mutex::new(
         Command::new(&args[0])
@@ -351,7 +411,7 @@ fn console_times(args: &[String], markers: &[&str]) -> (Vec<Option<f64>>, String
         console.push_str(&line);
         console.push('\n');
         for (i, m) in markers.iter().enumerate() {
-            if seen[i].is_none() && line.contains(m) {
+            if seen[i].is_none() && m(&line) {
                 seen[i] = Some(started.elapsed().as_secs_f64());
             }
         }
@@ -365,45 +425,56 @@ fn console_times(args: &[String], markers: &[&str]) -> (Vec<Option<f64>>, String
     (seen, console)
 }
 
-fn linux_boot() {
+/// The Linux guest of resources/linux (kernel, initramfs), built on first
+/// use; None when build.sh failed.
+fn linux_guest() -> Option<(String, String)> {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("linux");
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("resources/linux/build.sh");
     let built = Command::new(&script)
         .arg(&dir)
         .status()
         .is_ok_and(|s| s.success());
-    if !built {
-        println!("Linux boot: resources/linux/build.sh failed: skipped");
-        return;
-    }
-    let kernel = dir.join("vmlinux").display().to_string();
-    let initramfs = dir.join("initramfs.cpio").display().to_string();
-    let cmdline = lwpvmm::vmm::boot::LINUX_CMDLINE;
-    let lwpvmm_run: Vec<String> = [
+    built.then(|| {
+        (
+            dir.join("vmlinux").display().to_string(),
+            dir.join("initramfs.cpio").display().to_string(),
+        )
+    })
+}
+
+/// `lwpvmm run` of the Linux guest with `vcpus` vCPUs and `extra` options.
+fn lwpvmm_linux(kernel: &str, initramfs: &str, vcpus: u8, extra: &[&str]) -> Vec<String> {
+    let vcpus = vcpus.to_string();
+    let mut args: Vec<String> = [
         env!("CARGO_BIN_EXE_lwpvmm"),
         "run",
         "--kernel",
-        &kernel,
+        kernel,
         "--initramfs",
-        &initramfs,
+        initramfs,
         "--memory",
         "64",
+        "--vcpus",
+        &vcpus,
     ]
     .map(String::from)
     .to_vec();
-    let qemu_run = qemu_microvm(&[
-        "-no-reboot",
-        "-kernel",
-        &kernel,
-        "-initrd",
-        &initramfs,
-        "-append",
-        cmdline,
-    ]);
-    // The kernel prints "reboot: Power down" (lwpvmm, through the power
-    // port) or "reboot: System halted" (QEMU, which has no power-off
-    // without ACPI) as its last line.
-    let markers = ["Run /init", "lwp-linux-selftest: ", "reboot: "];
+    args.extend(extra.iter().map(|a| a.to_string()));
+    args
+}
+
+fn linux_boot() {
+    let Some((kernel, initramfs)) = linux_guest() else {
+        println!("Linux boot: resources/linux/build.sh failed: skipped");
+        return;
+    };
+    let lwpvmm_run = lwpvmm_linux(&kernel, &initramfs, 1, &[]);
+    // The kernel prints "reboot: Power down" as its last line.
+    let markers: [fn(&str) -> bool; 3] = [
+        |l| l.contains("Run /init"),
+        |l| l.starts_with("lwp-linux-selftest: ") && l.contains(" passed, "),
+        |l| l.contains("reboot: "),
+    ];
     println!("Linux guest, seconds from start to userspace / self-test done / kernel's last line:");
     let (l, console) = console_times(&lwpvmm_run, &markers);
     let show = |t: &[Option<f64>]| {
@@ -435,14 +506,100 @@ fn linux_boot() {
         println!("  qemu    not installed (apt-get install qemu-system-x86): no comparison");
         return;
     }
-    let (q, _) = console_times(&qemu_run, &markers);
-    println!("  qemu    {}", show(&q));
-    if let (Some(lu), Some(qu), Some(le), Some(qe)) = (l[0], q[0], l[2], q[2]) {
+    // QEMU's KVM stops at the first CPL0 FWAIT that kvm_pvm's emulator
+    // fails on (lwpvmm skips it), so only the boot compares.
+    let ours = to_userspace(&lwpvmm_run);
+    let qemu = to_userspace(&qemu_pc_linux(&kernel, &initramfs, 1));
+    println!("Linux boot to userspace, seconds from start (the kernel's own clock):");
+    println!("  lwpvmm        {}", show_boot(ours));
+    println!("  qemu -M pc    {}", show_boot(qemu));
+    if let (Some(l), Some(q)) = (ours, qemu) {
         println!(
-            "ratios lwpvmm/qemu: to userspace = {:.2}, to the end = {:.2} (the end is not like for like: \
-             under QEMU, which has no LWP, the self-test skips the LWP programs)",
-            lu / qu,
-            le / qe
+            "ratios lwpvmm/qemu: from start = {:.2}, kernel's clock = {:.2}",
+            l.wall / q.wall,
+            l.kernel / q.kernel
+        );
+    }
+}
+
+fn show_boot(boot: Option<Boot>) -> String {
+    boot.map_or("-".into(), |b| format!("{:.2} ({:.2})", b.wall, b.kernel))
+}
+
+/// Records per second of the Linux guest's `lwp-rate` with `procs`
+/// processes on `vcpus` vCPUs, from its own line.
+fn lwp_rate(kernel: &str, initramfs: &str, vcpus: u8, procs: u8) -> Option<f64> {
+    let cmdline = format!("{} lwprate={procs}", lwpvmm::vmm::boot::LINUX_CMDLINE);
+    let args = lwpvmm_linux(kernel, initramfs, vcpus, &["--cmdline", &cmdline]);
+    let out = Command::new(&args[0]).args(&args[1..]).output().ok()?;
+    let console = String::from_utf8_lossy(&out.stdout);
+    let line = console.lines().find_map(|l| l.strip_prefix("lwp-rate: "))?;
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let at = words.iter().position(|w| *w == "records")?;
+    let records: f64 = words.get(at - 1)?.parse().ok()?;
+    let us: f64 = words.get(at + 2)?.parse().ok()?;
+    (us > 0.0).then(|| records / (us / 1e6))
+}
+
+fn smp() {
+    let Some((kernel, initramfs)) = linux_guest() else {
+        println!("smp: resources/linux/build.sh failed: skipped");
+        return;
+    };
+    // The control: two single-vCPU VMs at once share nothing in lwpvmm, so
+    // their sum is what this host's two cores give two recording vCPUs.
+    let apart = std::thread::scope(|s| {
+        let runs: Vec<_> = (0..2)
+            .map(|_| s.spawn(|| lwp_rate(&kernel, &initramfs, 1, 1)))
+            .collect();
+        runs.into_iter()
+            .map(|r| r.join().ok().flatten())
+            .sum::<Option<f64>>()
+    });
+    match (
+        lwp_rate(&kernel, &initramfs, 1, 1),
+        lwp_rate(&kernel, &initramfs, 2, 2),
+        apart,
+    ) {
+        (Some(one), Some(two), Some(apart)) => {
+            println!(
+                "smp records/s: 1p1v {one:.0}, 2p2v {two:.0}, ratio {:.2}",
+                two / one
+            );
+            println!(
+                "  control: two 1-vCPU VMs at once {apart:.0} records/s together, ratio {:.2} \
+                 (what the host's cores allow without anything shared in lwpvmm)",
+                apart / one
+            );
+        }
+        _ => println!("smp records/s: no lwp-rate line on the console"),
+    }
+    let one = to_userspace(&lwpvmm_linux(&kernel, &initramfs, 1, &[]));
+    let two = to_userspace(&lwpvmm_linux(&kernel, &initramfs, 2, &[]));
+    let qemu = has_qemu()
+        .then(|| to_userspace(&qemu_pc_linux(&kernel, &initramfs, 2)))
+        .flatten();
+    println!("Linux boot to userspace, seconds from start (the kernel's own clock):");
+    println!("  lwpvmm 1 vCPU       {}", show_boot(one));
+    println!("  lwpvmm 2 vCPUs      {}", show_boot(two));
+    if has_qemu() {
+        println!("  qemu -M pc -smp 2   {}", show_boot(qemu));
+    } else {
+        println!("  qemu not installed (apt-get install qemu-system-x86): no comparison");
+    }
+    let ratio = |a: Option<Boot>, b: Option<Boot>| match (a, b) {
+        (Some(a), Some(b)) => format!("{:.2}", a.wall / b.wall),
+        _ => "-".into(),
+    };
+    println!(
+        "linux boot vcpus2/vcpus1 = {}, lwpvmm/qemu(-smp 2) = {}",
+        ratio(two, one),
+        ratio(two, qemu)
+    );
+    if let (Some(two), Some(q)) = (two, qemu) {
+        println!(
+            "  (QEMU's time includes SeaBIOS; by the kernel's own clock lwpvmm/qemu = {:.2})",
+            two.kernel / q.kernel
         );
     }
 }
@@ -462,13 +619,14 @@ fn main() {
         .skip(1)
         .filter(|a| !a.starts_with('-'))
         .collect();
-    let sections: [(&str, fn()); 6] = [
+    let sections: [(&str, fn()); 7] = [
         ("round_trips", round_trips),
         ("starts", starts),
         ("snapshots", snapshots),
         ("sampler", sampler),
         ("precise", precise),
         ("linux_boot", linux_boot),
+        ("smp", smp),
     ];
     for (name, section) in sections {
         if filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str())) {

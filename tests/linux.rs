@@ -1,9 +1,12 @@
-//! lwpvmm boots the Linux guest of resources/linux: the kernel built from
-//! Debian's linux-source-6.1 with our patches (built once, then cached under
-//! the target directory) and the LWP self-test as /init, which runs
+//! lwpvmm boots the Linux guest of resources/linux: the SMP kernel built
+//! from Debian's linux-source-6.1 with our patches (built once, then cached
+//! under the target directory) and the LWP self-test as /init, which runs
 //! unmodified -mlwp programs: records, two interleaved processes, faults,
-//! the threshold interrupt, and a sampled profile whose host-side report
-//! these tests check.
+//! the threshold interrupt, a sampled profile whose host-side report these
+//! tests check, and on SMP processes and threads recording at once on
+//! different CPUs, a migrating process, the interrupt reaching the right
+//! CPU, and fork and exec storms; on one, two and four vCPUs, and across a
+//! snapshot of the running guest.
 //!
 //! These tests need /dev/kvm and fail, loudly, where it is missing; building
 //! the kernel needs the packages build.sh installs (apt-get, as root).
@@ -100,30 +103,63 @@ fn top_function(report: &str) -> Option<&str> {
         })
 }
 
+/// The self-test's programs, each one check line of /init.
+const PROGRAMS: [&str; 9] = [
+    "/lwp-records",
+    "/lwp-two",
+    "/lwp-faults",
+    "/lwp-hot",
+    "/lwp-pinned",
+    "/lwp-threshold",
+    "/lwp-threads",
+    "/lwp-migrate",
+    "/lwp-storm",
+];
+/// What a full self-test with LWP prints last: 11 checks of its own, one
+/// per program.
+const ALL_PASSED: &str = "lwp-linux-selftest: 20 passed, 0 failed";
+
+/// Asserts that `console` is a whole, passing self-test on `cpus` CPUs.
+fn assert_selftest_passed(console: &str, cpus: u8) {
+    let cpus_line = format!("lwp-linux-selftest: cpus {cpus}");
+    let mut lines: Vec<String> = PROGRAMS.iter().map(|p| format!("ok - {p}")).collect();
+    lines.extend(
+        [
+            "lwpvmm: LWP for user tasks",
+            "ok - every CPU is in /proc/cpuinfo and its CPUID topology names it by its APIC ID",
+            "ok - LWP_CFG reads what the kernel enabled at boot, on every CPU",
+            SYSENTRY,
+            ALL_PASSED,
+            &cpus_line,
+        ]
+        .map(String::from),
+    );
+    for line in &lines {
+        assert!(
+            console.contains(line.as_str()),
+            "missing {line:?}:\n{console}"
+        );
+    }
+    assert!(!console.contains("not ok"), "{console}");
+    assert!(!console.contains("ACPI Error"), "{console}");
+}
+
 #[test]
-fn lwp_programs_pass_and_their_profile_puts_the_hot_function_on_top() {
+fn lwp_programs_pass_on_two_vcpus_and_their_profile_puts_the_hot_function_on_top() {
     let trace = linux().join("selftest.trace");
     let trace_arg = trace.to_str().expect("UTF-8 path");
-    let (out, console) = run_linux(&["--lwp", "emulated", "--trace", trace_arg]);
+    let (out, console) = run_linux(&["--lwp", "emulated", "--vcpus", "2", "--trace", trace_arg]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(
         out.status.code(),
         Some(0),
         "lwpvmm run did not end with the guest's power-off:\n{console}\n{stderr}"
     );
-    for line in [
-        "lwpvmm: LWP for user tasks",
-        "ok - /lwp-records",
-        "ok - /lwp-two",
-        "ok - /lwp-faults",
-        "ok - /lwp-hot",
-        "ok - /lwp-threshold",
-        SYSENTRY,
-        "lwp-linux-selftest: 15 passed, 0 failed",
-    ] {
-        assert!(console.contains(line), "missing {line:?}:\n{console}");
-    }
-    assert!(!console.contains("not ok"), "{console}");
+    assert_selftest_passed(&console, 2);
+    assert!(
+        console.contains("smp: Brought up 1 node, 2 CPUs"),
+        "{console}"
+    );
     assert!(
         console.contains(&leaf_of_cpuid_command("emulated", "shim")),
         "the guest's leaf differs from `lwpvmm cpuid`:\n{console}"
@@ -140,13 +176,24 @@ fn lwp_programs_pass_and_their_profile_puts_the_hot_function_on_top() {
     let _ = std::fs::remove_file(&trace);
 }
 
+/// The same self-test on one vCPU and on four (more vCPUs than this host
+/// has cores): the guest sees exactly as many CPUs as it was given.
+#[test]
+fn the_selftest_passes_on_one_and_on_four_vcpus() {
+    for vcpus in [1u8, 4] {
+        let (out, console) = run_linux(&["--vcpus", &vcpus.to_string()]);
+        assert_eq!(out.status.code(), Some(0), "{vcpus} vCPUs:\n{console}");
+        assert_selftest_passed(&console, vcpus);
+    }
+}
+
 #[test]
 fn a_stock_guest_sees_the_leaf_but_runs_no_lwp_programs() {
     let (out, console) = run_linux(&["--lwp", "bulldozer", "--guest", "stock"]);
     assert_eq!(out.status.code(), Some(0), "{console}");
     for line in [
         SYSENTRY,
-        "lwp-linux-selftest: 10 passed, 0 failed",
+        "lwp-linux-selftest: 11 passed, 0 failed",
         "LWP programs not run: CPUID 0x8000001c.EAX has no LwpAvail",
         "lwpvmm: paravirtual interface found",
     ] {
@@ -171,10 +218,10 @@ fn without_lwp_the_selftest_sees_none() {
         "LWP programs not run: CPUID 0x8000001c.EAX has no LwpAvail",
         // Without LWP the MSRs #GP, as on hardware without LWP: the msr
         // driver's reads and writes fail.
-        "not ok - LWP_CFG reads what the kernel enabled at boot",
+        "not ok - LWP_CFG reads what the kernel enabled at boot, on every CPU",
         "not ok - LWP_CBADDR reads 0 at boot",
         SYSENTRY,
-        "lwp-linux-selftest: 3 passed, 7 failed",
+        "lwp-linux-selftest: 4 passed, 7 failed",
     ] {
         assert!(console.contains(line), "missing {line:?}:\n{console}");
     }
@@ -220,4 +267,61 @@ fn a_panicking_kernel_on_a_terminal() {
         Some(i32::from(lwpvmm::cli::REBOOT_STATUS)),
         "{text}"
     );
+}
+
+/// A running SMP Linux guest, snapshotted in the middle of its self-test
+/// (/init asks for it through the snapshot debug port while other programs
+/// are still to run on both CPUs) and restored in a new process, completes
+/// the self-test with everything passing; so does the run that took it.
+#[test]
+fn an_smp_guest_snapshotted_mid_selftest_completes_after_restore() {
+    let dir = linux().join("smp-snapshot");
+    let _ = std::fs::remove_dir_all(&dir);
+    let dir_arg = dir.to_str().expect("UTF-8 path");
+    let cmdline = format!("{} lwpsnap=1", lwpvmm::vmm::boot::LINUX_CMDLINE);
+    let (out, console) = run_linux(&[
+        "--vcpus",
+        "2",
+        "--cmdline",
+        &cmdline,
+        "--snapshot-dir",
+        dir_arg,
+        "--snapshot-on-port",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{console}\n{:?}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        console.lines().any(|l| l.trim_end() == "snapshot point"),
+        "{console}"
+    );
+    assert_selftest_passed(&console, 2);
+    let restored = Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
+        .args(["restore", dir_arg])
+        .output()
+        .expect("run lwpvmm restore");
+    let after = String::from_utf8_lossy(&restored.stdout);
+    assert_eq!(
+        restored.status.code(),
+        Some(0),
+        "{after}\n{}",
+        String::from_utf8_lossy(&restored.stderr)
+    );
+    assert!(
+        after.contains("after the snapshot point") && !after.contains("self-test starting"),
+        "the restored guest resumes at the port write:\n{after}"
+    );
+    for program in &PROGRAMS[5..] {
+        assert!(
+            after.contains(&format!("ok - {program}")),
+            "{program}:\n{after}"
+        );
+    }
+    assert!(after.contains(ALL_PASSED), "{after}");
+    assert!(!after.contains("not ok"), "{after}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -38,7 +38,7 @@ fuzz_target!(|data: &[u8]| {
             1 => drop(unit.llwpcb(&mut mem, arg)),
             2 => drop(unit.slwpcb(&mut mem)),
             3 => drop(unit.lwpins(&mut mem, &ProgrammedEvent { data1: arg as u32, ..Default::default() }, arg)),
-            4 => unit.lwpval(&mut mem, &ProgrammedEvent::default(), arg),
+            4 => drop(unit.lwpval(&mut mem, &ProgrammedEvent::default(), arg)),
             5 => unit.count(&mut mem, EventId::Cnh, arg, arg, arg),
             6 => unit.retire_branch(&mut mem, arg, !arg, arg & 1 == 0, 0),
             7 => drop(unit.write_cfg(arg)),

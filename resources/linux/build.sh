@@ -89,12 +89,15 @@ cat >"$OUT/initramfs.list" <<LIST
 dir /dev 0755 0 0
 nod /dev/console 0600 0 0 c 5 1
 dir /proc 0755 0 0
+dir /sys 0755 0 0
 LIST
-for prog in selftest sysentry lwp-records lwp-two lwp-faults lwp-hot lwp-threshold; do
+# Every init/*.c is a program: selftest.c becomes /init, the others /NAME.
+for src in "$HERE"/init/*.c; do
+    prog=$(basename "$src" .c)
     gcc -static -nostdlib -fno-stack-protector -fno-asynchronous-unwind-tables \
         -O2 -Wall -Werror -mlwp -mno-avx -mno-avx2 -mno-avx512f \
         -I "$SUPPORT/nolibc" -include nolibc.h \
-        -o "$OUT/bin/$prog" "$HERE/init/$prog.c" -lgcc
+        -o "$OUT/bin/$prog" "$src" -lgcc
     name=/$prog
     [ "$prog" = selftest ] && name=/init
     echo "file $name $OUT/bin/$prog 0755 0 0" >>"$OUT/initramfs.list"

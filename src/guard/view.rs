@@ -142,4 +142,9 @@ impl UserMemory for GuestView<'_> {
         self.check(address, len, Access::UserWrite)
             .map_err(|e| e.fault())
     }
+
+    fn check_user_read(&mut self, address: u64, len: u64) -> Result<(), GuestFault> {
+        self.check(address, len, Access::UserRead)
+            .map_err(|e| e.fault())
+    }
 }

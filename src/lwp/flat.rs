@@ -138,6 +138,10 @@ impl UserMemory for FlatMemory {
     fn check_user_write(&mut self, address: u64, len: u64) -> Result<(), GuestFault> {
         self.check(address, len, true)
     }
+
+    fn check_user_read(&mut self, address: u64, len: u64) -> Result<(), GuestFault> {
+        self.check(address, len, false)
+    }
 }
 
 #[cfg(test)]

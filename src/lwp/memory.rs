@@ -19,6 +19,10 @@ pub trait UserMemory {
     /// Checks that `len` bytes at `address` could be stored at CPL3, without
     /// storing anything.
     fn check_user_write(&mut self, address: u64, len: u64) -> Result<(), GuestFault>;
+
+    /// Checks that `len` bytes at `address` could be loaded at CPL3, without
+    /// reading anything.
+    fn check_user_read(&mut self, address: u64, len: u64) -> Result<(), GuestFault>;
 }
 
 /// Reads a little-endian `u32`.

@@ -9,7 +9,7 @@ use thiserror::Error;
 use vm_memory::ByteValued;
 
 use super::cpuid::{LwpCaps, LwpFeatures};
-use super::fault::GuestFault;
+use super::fault::{GuestFault, PF_PRESENT, PF_RESERVED};
 use super::lwpcb::{
     EventSlot, LoadedLwpcb, LwpcbError, LwpcbFixed, MAX_EVENT_ID, OFF_BUFFER_SIZE, OFF_FLAGS,
     OFF_HEAD, OFF_MISSED, OFF_TAIL, OFF_THRESHOLD, to_s26,
@@ -85,6 +85,17 @@ pub enum StateError {
 enum Stored {
     Yes,
     Missed,
+}
+
+/// How loading a block checks its LWPCB and ring.
+#[derive(Clone, Copy)]
+enum Store {
+    /// As CPL3 stores (LLWPCB, L1).
+    Checked,
+    /// As CPL3 loads: a restore cannot fault, and a page write-protected
+    /// until the task next writes it (copy-on-write after fork) must not
+    /// turn the task's LWP off; every store checks again (X3).
+    Deferred,
 }
 
 /// The LWP unit of one vCPU.
@@ -179,42 +190,108 @@ impl LwpUnit {
 
     /// LLWPCB: flushes the active block, then loads the block at `address`
     /// (0 turns LWP off). A fault reading or checking the new block, or an
-    /// invalid block (#GP), leaves the previous block loaded.
+    /// invalid block (#GP), leaves the previous block loaded; so does a
+    /// write-protected page under the old LWPCB (S1), before anything is
+    /// flushed.
     pub fn llwpcb(&mut self, mem: &mut dyn UserMemory, address: u64) -> Result<(), GuestFault> {
+        self.check_flush(mem)?;
         self.flush(mem);
         if address == 0 {
             self.block = None;
             return Ok(());
         }
         let grant = self.cfg.features() - self.withheld;
-        let block = self.load(mem, address, grant, None)?;
+        let block = self.load(mem, address, grant, None, Store::Checked)?;
         self.write_back(mem, &block)?;
         self.block = Some(block);
         Ok(())
     }
 
     /// SLWPCB: flushes head, MissedEvents and counters into the LWPCB and
-    /// returns its address, or 0 when LWP is off.
-    pub fn slwpcb(&mut self, mem: &mut dyn UserMemory) -> u64 {
+    /// returns its address, or 0 when LWP is off. A write-protected LWPCB
+    /// page raises #PF first (S1).
+    pub fn slwpcb(&mut self, mem: &mut dyn UserMemory) -> Result<u64, GuestFault> {
+        self.check_flush(mem)?;
         self.flush(mem);
-        self.cbaddr()
+        Ok(self.cbaddr())
     }
 
     /// LWPINS: stores an EventId-255 record. Returns CF: true when the record
     /// was counted in MissedEvents instead (full ring or a store fault), false
-    /// when stored or when LWP is off.
-    pub fn lwpins(&mut self, mem: &mut dyn UserMemory, ev: &ProgrammedEvent, tsc: u64) -> bool {
-        if self.block.is_none() {
-            return false;
-        }
+    /// when stored or when LWP is off. A write-protected ring slot raises #PF
+    /// and changes nothing (S1).
+    pub fn lwpins(
+        &mut self,
+        mem: &mut dyn UserMemory,
+        ev: &ProgrammedEvent,
+        tsc: u64,
+    ) -> Result<bool, GuestFault> {
+        let Some(b) = self.block else {
+            return Ok(false);
+        };
+        Self::check_slot(mem, &b, self.caps.event_size())?;
         let record = EventRecord::programmed(EventId::Ins, self.cfg.core_id(), ev, self.stamp(tsc));
-        matches!(self.store(mem, record), Stored::Missed)
+        Ok(matches!(self.store(mem, record), Stored::Missed))
     }
 
-    /// LWPVAL: counts one EventId-1 event; a record every interval + 1.
-    pub fn lwpval(&mut self, mem: &mut dyn UserMemory, ev: &ProgrammedEvent, tsc: u64) {
+    /// LWPVAL: counts one EventId-1 event; a record every interval + 1. When
+    /// this one would store a record into a write-protected ring slot, #PF
+    /// and nothing counted (S1).
+    pub fn lwpval(
+        &mut self,
+        mem: &mut dyn UserMemory,
+        ev: &ProgrammedEvent,
+        tsc: u64,
+    ) -> Result<(), GuestFault> {
+        if let Some(b) = self.block
+            && self.effective(LwpFeatures::VAL)
+            && b.events[EventId::Val as usize].counter <= 0
+        {
+            Self::check_slot(mem, &b, self.caps.event_size())?;
+        }
         let record = EventRecord::programmed(EventId::Val, self.cfg.core_id(), ev, self.stamp(tsc));
         self.charge(mem, EventId::Val, 1, record);
+        Ok(())
+    }
+
+    /// The flush a context switch needs (X6): head, MissedEvents and the
+    /// counters into the LWPCB, best effort (L6).
+    pub fn flush_for_switch(&mut self, mem: &mut dyn UserMemory) {
+        self.flush(mem);
+    }
+
+    /// S1: a store an LWP instruction makes to a present user page that is
+    /// not writable raises #PF at the instruction before anything changes,
+    /// so that the OS can resolve it (copy-on-write after fork) and the
+    /// instruction restarts. Other faults keep the best-effort rules (L6,
+    /// R6).
+    fn restartable(mem: &mut dyn UserMemory, address: u64, len: u64) -> Result<(), GuestFault> {
+        match mem.check_user_write(address, len) {
+            Err(f @ GuestFault::PageFault { error_code, .. })
+                if error_code & PF_PRESENT != 0 && error_code & PF_RESERVED == 0 =>
+            {
+                Err(f)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn check_flush(&self, mem: &mut dyn UserMemory) -> Result<(), GuestFault> {
+        match self.block {
+            Some(b) => Self::restartable(mem, b.address, self.cb_len() as u64),
+            None => Ok(()),
+        }
+    }
+
+    fn check_slot(mem: &mut dyn UserMemory, b: &LoadedLwpcb, es: u32) -> Result<(), GuestFault> {
+        match b.buffer_base.checked_add(u64::from(b.head)) {
+            Some(at) => Self::restartable(mem, at, u64::from(es)),
+            None => Ok(()),
+        }
+    }
+
+    fn cb_len(&self) -> usize {
+        (self.caps.cb_size() as usize).clamp(LwpcbFixed::default().as_slice().len(), MAX_CB_BYTES)
     }
 
     /// Charges `n` occurrences of a hardware event without a payload (IRE,
@@ -287,7 +364,13 @@ impl LwpUnit {
             self.block = None;
             return Ok(());
         }
-        let mut block = self.load(mem, area.lwpcb_address, LwpFeatures::all(), Some(area))?;
+        let mut block = self.load(
+            mem,
+            area.lwpcb_address,
+            LwpFeatures::all(),
+            Some(area),
+            Store::Deferred,
+        )?;
         if area.saved_record.iter().any(|&b| b != 0) {
             block.missed_events += 1;
             self.stats.records_missed += 1;
@@ -348,14 +431,18 @@ impl LwpUnit {
         address: u64,
         grant: LwpFeatures,
         image: Option<&LwpXsaveArea>,
+        store: Store,
     ) -> Result<LoadedLwpcb, GuestFault> {
         let caps = &self.caps;
-        let cb_len =
-            (caps.cb_size() as usize).clamp(LwpcbFixed::default().as_slice().len(), MAX_CB_BYTES);
+        let cb_len = self.cb_len();
         let mut raw = [0u8; MAX_CB_BYTES];
         let raw = &mut raw[..cb_len];
         mem.read_user(address, raw)?;
-        mem.check_user_write(address, cb_len as u64)?;
+        let check = |mem: &mut dyn UserMemory, at: u64, len: u64| match store {
+            Store::Checked => mem.check_user_write(at, len),
+            Store::Deferred => mem.check_user_read(at, len),
+        };
+        check(mem, address, cb_len as u64)?;
         let mut fixed = LwpcbFixed::default();
         let fixed_len = fixed.as_slice().len();
         fixed.as_mut_slice().copy_from_slice(&raw[..fixed_len]);
@@ -381,7 +468,7 @@ impl LwpUnit {
         let max = usize::from(caps.max_events()).min(MAX_EVENT_ID);
         let block = LoadedLwpcb::normalize(caps, grant, address, &fixed, &pairs[..max])
             .map_err(|_| GuestFault::GeneralProtection)?;
-        mem.check_user_write(block.buffer_base, u64::from(block.buffer_size))?;
+        check(mem, block.buffer_base, u64::from(block.buffer_size))?;
         Ok(block)
     }
 
@@ -600,7 +687,9 @@ mod tests {
                 flags: 0x1_0003,
                 instruction_address: 0x40_0000 + u64::from(data1),
             };
-            self.unit.lwpins(&mut self.mem, &ev, 0x7777)
+            self.unit
+                .lwpins(&mut self.mem, &ev, 0x7777)
+                .expect("no write-protected ring slot")
         }
         fn head(&self) -> u32 {
             self.unit.block().unwrap().head
@@ -648,7 +737,7 @@ mod tests {
         assert_eq!(rec.instruction_address, 0x40_0009);
         assert_eq!(rec.timestamp, 0x7777, "PTSC on");
         assert_eq!(r.head(), 32);
-        assert_eq!(r.unit.slwpcb(&mut r.mem), CB);
+        assert_eq!(r.unit.slwpcb(&mut r.mem), Ok(CB));
         assert_eq!(r.u32_at(CB + OFF_HEAD), 32, "SLWPCB flushes the head");
     }
 
@@ -688,7 +777,7 @@ mod tests {
             102,
             "last slot overwritten"
         );
-        r.unit.slwpcb(&mut r.mem);
+        r.unit.slwpcb(&mut r.mem).unwrap();
         assert_eq!(r.u64_at(CB + OFF_MISSED), 3);
         // Software consumes two records: two more fit.
         r.set_u32(OFF_TAIL, 64);
@@ -743,7 +832,7 @@ mod tests {
             r.load();
             let ev = ProgrammedEvent::default();
             for _ in 0..runs {
-                r.unit.lwpval(&mut r.mem, &ev, 0);
+                r.unit.lwpval(&mut r.mem, &ev, 0).unwrap();
             }
             assert_eq!(
                 r.unit.stats().records_stored,
@@ -758,10 +847,14 @@ mod tests {
         let mut r = rig(LwpProfile::Emulated, 0x2, 4096);
         r.load();
         r.unit.write_cfg(0).unwrap();
-        r.unit.lwpval(&mut r.mem, &ProgrammedEvent::default(), 0);
+        r.unit
+            .lwpval(&mut r.mem, &ProgrammedEvent::default(), 0)
+            .unwrap();
         assert_eq!(r.unit.stats().records_stored, 0, "LWP_CFG masks at once");
         r.unit.write_cfg(0x2).unwrap();
-        r.unit.lwpval(&mut r.mem, &ProgrammedEvent::default(), 0);
+        r.unit
+            .lwpval(&mut r.mem, &ProgrammedEvent::default(), 0)
+            .unwrap();
         assert_eq!(r.unit.stats().records_stored, 1);
         let rec = r.record(0);
         assert_eq!(rec.event_id, 1);
@@ -771,8 +864,10 @@ mod tests {
     fn lwp_off_is_a_no_op() {
         let mut r = rig(LwpProfile::Emulated, 0x2, 4096);
         assert!(!r.ins(1), "LWPINS with LWP off: CF=0");
-        r.unit.lwpval(&mut r.mem, &ProgrammedEvent::default(), 0);
-        assert_eq!(r.unit.slwpcb(&mut r.mem), 0);
+        r.unit
+            .lwpval(&mut r.mem, &ProgrammedEvent::default(), 0)
+            .unwrap();
+        assert_eq!(r.unit.slwpcb(&mut r.mem), Ok(0));
         assert!(r.mem.writes().is_empty());
     }
 
@@ -936,13 +1031,102 @@ mod tests {
         assert_eq!((s.records_missed, s.store_faults), (1, 1));
         r.mem.unmap(CB);
         assert!(r.ins(2), "tail unreadable");
-        assert_eq!(r.unit.slwpcb(&mut r.mem), CB, "SLWPCB still answers");
+        assert_eq!(r.unit.slwpcb(&mut r.mem), Ok(CB), "SLWPCB still answers");
         assert_eq!(r.unit.stats().flush_faults, 1);
         r.unit.llwpcb(&mut r.mem, 0).unwrap();
         assert_eq!(
             r.unit.cbaddr(),
             0,
             "LLWPCB 0 disables even when the flush faults"
+        );
+    }
+
+    /// S1: what a write-protected page (copy-on-write after fork) does to
+    /// each LWP instruction that stores, and that the instruction then
+    /// restarts once the page is writable again.
+    #[test]
+    fn write_protected_pages_fault_at_the_instruction_and_restart() {
+        let wp = |address| {
+            Err(GuestFault::PageFault {
+                address,
+                error_code: PF_PRESENT | PF_WRITE | PF_USER,
+            })
+        };
+        type Op = fn(&mut Rig) -> Result<u64, GuestFault>;
+        let lwpins: Op = |r| {
+            let ev = ProgrammedEvent::default();
+            r.unit.lwpins(&mut r.mem, &ev, 0).map(u64::from)
+        };
+        let lwpval: Op = |r| {
+            let ev = ProgrammedEvent::default();
+            r.unit.lwpval(&mut r.mem, &ev, 0).map(|()| 0)
+        };
+        let slwpcb: Op = |r| r.unit.slwpcb(&mut r.mem);
+        let off: Op = |r| r.unit.llwpcb(&mut r.mem, 0).map(|()| 0);
+        // (what, page write-protected, LWPVAL counter, operation, fault,
+        //  result once writable, head afterwards)
+        type Row = (
+            &'static str,
+            u64,
+            u32,
+            Op,
+            Result<u64, GuestFault>,
+            u64,
+            u32,
+        );
+        let table: [Row; 5] = [
+            ("LWPINS", RING, 0, lwpins, wp(RING + 32), 0, 64),
+            ("LWPVAL storing", RING, 0, lwpval, wp(RING + 32), 0, 64),
+            ("LWPVAL counting only", RING, 5, lwpval, Ok(0), 0, 32),
+            ("SLWPCB", CB, 0, slwpcb, wp(CB), CB, 32),
+            ("LLWPCB 0", CB, 0, off, wp(CB), 0, 32),
+        ];
+        for (what, page, counter, op, fault, then, head) in table {
+            let mut r = rig(LwpProfile::Emulated, 0x2000_0003, 4096);
+            r.set_event(1, 0, counter);
+            r.load();
+            r.ins(1);
+            let missed = r.unit.block().unwrap().missed_events;
+            r.mem.map(page, PAGE, PagePerm::ReadOnly);
+            assert_eq!(op(&mut r), fault, "{what}");
+            assert_eq!(r.head(), 32, "{what}: nothing stored");
+            assert_eq!(r.unit.block().unwrap().missed_events, missed, "{what}");
+            r.mem.map(page, PAGE, PagePerm::ReadWrite);
+            assert_eq!(op(&mut r), Ok(then), "{what}: restarted");
+            if r.unit.cbaddr() != 0 {
+                assert_eq!(r.head(), head, "{what}");
+            } else {
+                assert_eq!(r.u32_at(CB + OFF_HEAD), head, "{what}: flushed");
+            }
+        }
+    }
+
+    /// X3: a restore checks the LWPCB and ring as loads; the stores check
+    /// again (S1), so a task forked from keeps its LWP.
+    #[test]
+    fn a_restore_accepts_write_protected_pages() {
+        let mut r = rig(LwpProfile::Emulated, 0x2000_0002, 4096);
+        r.load();
+        r.ins(1);
+        let area = r.unit.save_xsave();
+        r.mem.map(CB, PAGE, PagePerm::ReadOnly);
+        r.mem.map(RING, 4096, PagePerm::ReadOnly);
+        let mut fresh = LwpUnit::new(*r.unit.caps());
+        fresh.write_cfg(r.unit.cfg().raw()).unwrap();
+        fresh.restore_xsave(&mut r.mem, &area).unwrap();
+        assert_eq!(fresh.cbaddr(), CB);
+        let ev = ProgrammedEvent::default();
+        assert!(matches!(
+            fresh.lwpins(&mut r.mem, &ev, 0),
+            Err(GuestFault::PageFault { .. })
+        ));
+        r.mem.map(RING, 4096, PagePerm::ReadWrite);
+        assert_eq!(fresh.lwpins(&mut r.mem, &ev, 0), Ok(false));
+        assert_eq!(fresh.block().unwrap().head, 64);
+        r.mem.unmap(RING);
+        assert!(
+            fresh.restore_xsave(&mut r.mem, &area).is_err(),
+            "a ring that is not there is still refused"
         );
     }
 
@@ -1069,7 +1253,9 @@ mod tests {
         r.load();
         for i in 0..5 {
             r.ins(i);
-            r.unit.lwpval(&mut r.mem, &ProgrammedEvent::default(), 0);
+            r.unit
+                .lwpval(&mut r.mem, &ProgrammedEvent::default(), 0)
+                .unwrap();
         }
         let area = r.unit.save_xsave();
         assert_eq!(area.lwpcb_address, CB);
@@ -1120,11 +1306,11 @@ mod tests {
                 }),
             ),
             (
-                "ring unmapped",
+                "ring unmapped (checked as a load, X3)",
                 |a| a.buffer_base = 0x7000_0000,
                 Some(GuestFault::PageFault {
                     address: 0x7000_0000,
-                    error_code: PF_USER | PF_WRITE,
+                    error_code: PF_USER,
                 }),
             ),
         ];

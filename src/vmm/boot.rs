@@ -19,6 +19,7 @@ use linux_loader::loader::{BzImage, Cmdline, Elf, KernelLoader, PvhBootCapabilit
 use thiserror::Error;
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend};
 
+use super::acpi::{ACPI_END, ACPI_START, AcpiTables, RSDP_ADDR};
 use crate::guard::GuestMemory;
 use crate::guard::pagetable::{PageSize, PageTables, PteFlags};
 
@@ -56,6 +57,10 @@ pub const LINUX_CMDLINE: &str = "console=ttyS0 reboot=k panic=-1 rdinit=/init no
 pub const KERNEL_START: u64 = 0x10_0000;
 
 const E820_RAM: u32 = 1;
+const E820_RESERVED: u32 = 2;
+/// Where the extended BIOS data area usually starts: RAM below 1 MiB ends
+/// there.
+const EBDA_START: u64 = 0x9_FC00;
 const PVH_MAGIC: u32 = 0x336e_c578;
 const BOOT_LOADER_UNDEFINED: u8 = 0xff;
 const KERNEL_LOADED_HIGH: u8 = 0x01;
@@ -294,13 +299,15 @@ fn check_linkage(image: &[u8]) -> Result<(), BootError> {
     }
 }
 
-/// Writes the command line, the initramfs and the boot information the
-/// kernel's entry protocol expects.
+/// Writes the command line, the initramfs, the ACPI tables describing
+/// `vcpus` vCPUs and the boot information the kernel's entry protocol
+/// expects.
 pub fn write_boot_info(
     mem: &GuestMemory,
     kernel: &LoadedKernel,
     cmdline: &str,
     initramfs: Option<&[u8]>,
+    vcpus: u8,
 ) -> Result<(), BootError> {
     let mut cl = Cmdline::new(CMDLINE_MAX).map_err(BootError::Cmdline)?;
     if !cmdline.is_empty() {
@@ -313,6 +320,10 @@ pub fn write_boot_info(
         Some(data) => Some(place_initramfs(mem, kernel.end, data)?),
         None => None,
     };
+    for (addr, table) in &AcpiTables::new(vcpus).tables {
+        mem.write_slice(table, GuestAddress(*addr))
+            .map_err(|e| BootError::BootData(e.to_string()))?;
+    }
     let ram: Vec<(u64, u64)> = mem
         .iter()
         .map(|r| {
@@ -320,13 +331,32 @@ pub fn write_boot_info(
             (r.start_addr().raw_value(), r.len())
         })
         .collect();
+    let map = memory_map(&ram);
     match kernel.entry {
-        Entry::Pvh(_) => write_pvh(mem, &ram, initrd),
+        Entry::Pvh(_) => write_pvh(mem, &map, initrd),
         Entry::Linux64(_) => {
-            write_linux(mem, &ram, kernel, cmdline_size, initrd)?;
+            write_linux(mem, &map, kernel, cmdline_size, initrd)?;
             build_identity_map(mem)
         }
     }
+}
+
+/// The memory map a kernel gets, as (address, size, E820 type): RAM with
+/// the legacy hole below 1 MiB cut out (from the EBDA's usual start to the
+/// ACPI area, which is reserved).
+fn memory_map(ram: &[(u64, u64)]) -> Vec<(u64, u64, u32)> {
+    let mut map = Vec::new();
+    for &(addr, size) in ram {
+        let end = addr + size;
+        if addr < ACPI_END && end > ACPI_END {
+            map.push((addr, EBDA_START.saturating_sub(addr), E820_RAM));
+            map.push((ACPI_START, ACPI_END - ACPI_START, E820_RESERVED));
+            map.push((ACPI_END, end - ACPI_END, E820_RAM));
+        } else {
+            map.push((addr, size, E820_RAM));
+        }
+    }
+    map
 }
 
 fn place_initramfs(
@@ -349,15 +379,16 @@ fn place_initramfs(
 
 fn write_pvh(
     mem: &GuestMemory,
-    ram: &[(u64, u64)],
+    map: &[(u64, u64, u32)],
     initrd: Option<(u64, u64)>,
 ) -> Result<(), BootError> {
     let info = hvm_start_info {
         magic: PVH_MAGIC,
         version: 1,
         cmdline_paddr: CMDLINE_ADDR,
+        rsdp_paddr: RSDP_ADDR,
         memmap_paddr: PVH_MEMMAP_ADDR,
-        memmap_entries: ram.len() as u32,
+        memmap_entries: map.len() as u32,
         nr_modules: u32::from(initrd.is_some()),
         modlist_paddr: if initrd.is_some() {
             PVH_MODLIST_ADDR
@@ -366,12 +397,12 @@ fn write_pvh(
         },
         ..Default::default()
     };
-    let memmap: Vec<hvm_memmap_table_entry> = ram
+    let memmap: Vec<hvm_memmap_table_entry> = map
         .iter()
-        .map(|&(addr, size)| hvm_memmap_table_entry {
+        .map(|&(addr, size, type_)| hvm_memmap_table_entry {
             addr,
             size,
-            type_: E820_RAM,
+            type_,
             reserved: 0,
         })
         .collect();
@@ -391,7 +422,7 @@ fn write_pvh(
 
 fn write_linux(
     mem: &GuestMemory,
-    ram: &[(u64, u64)],
+    map: &[(u64, u64, u32)],
     kernel: &LoadedKernel,
     cmdline_size: u32,
     initrd: Option<(u64, u64)>,
@@ -410,14 +441,11 @@ fn write_linux(
         params.hdr.ramdisk_image = addr as u32;
         params.hdr.ramdisk_size = size as u32;
     }
-    for (i, &(addr, size)) in ram.iter().take(params.e820_table.len()).enumerate() {
-        params.e820_table[i] = boot_e820_entry {
-            addr,
-            size,
-            r#type: E820_RAM,
-        };
+    params.acpi_rsdp_addr = RSDP_ADDR;
+    for (i, &(addr, size, r#type)) in map.iter().take(params.e820_table.len()).enumerate() {
+        params.e820_table[i] = boot_e820_entry { addr, size, r#type };
     }
-    params.e820_entries = ram.len().min(params.e820_table.len()) as u8;
+    params.e820_entries = map.len().min(params.e820_table.len()) as u8;
     LinuxBootConfigurator::write_bootparams(
         &BootParams::new(&params, GuestAddress(ZERO_PAGE_ADDR)),
         mem,
@@ -521,14 +549,47 @@ mod tests {
     }
 
     #[test]
+    fn the_memory_map_reserves_the_acpi_area() {
+        // (RAM ranges, e820 entries as (start, length, type))
+        type Row = (Vec<(u64, u64)>, Vec<(u64, u64, u32)>);
+        let table: [Row; 2] = [
+            (
+                vec![(0, 64 << 20)],
+                vec![
+                    (0, EBDA_START, E820_RAM),
+                    (ACPI_START, ACPI_END - ACPI_START, E820_RESERVED),
+                    (ACPI_END, (64 << 20) - ACPI_END, E820_RAM),
+                ],
+            ),
+            (
+                vec![(0, MMIO_HOLE_START), (MMIO_HOLE_END, 1 << 30)],
+                vec![
+                    (0, EBDA_START, E820_RAM),
+                    (ACPI_START, ACPI_END - ACPI_START, E820_RESERVED),
+                    (ACPI_END, MMIO_HOLE_START - ACPI_END, E820_RAM),
+                    (MMIO_HOLE_END, 1 << 30, E820_RAM),
+                ],
+            ),
+        ];
+        for (ram, want) in table {
+            assert_eq!(memory_map(&ram), want);
+        }
+    }
+
+    #[test]
     fn embedded_guest_boots_through_pvh() {
         let mem = create_memory(64).unwrap();
         let k = load_kernel(&mem, crate::guests::get("minimal").unwrap()).unwrap();
         assert!(matches!(k.entry, Entry::Pvh(0x10_0000)), "{:?}", k.entry);
-        write_boot_info(&mem, &k, "console=ttyS0", Some(&[7u8; 4096])).unwrap();
+        write_boot_info(&mem, &k, "console=ttyS0", Some(&[7u8; 4096]), 2).unwrap();
         let info: hvm_start_info = mem.read_obj(GuestAddress(PVH_INFO_ADDR)).unwrap();
         assert_eq!(info.magic, PVH_MAGIC);
-        assert_eq!(info.memmap_entries, 1);
+        assert_eq!(info.rsdp_paddr, RSDP_ADDR);
+        assert_eq!(info.memmap_entries, 3);
+        let mut signature = [0u8; 8];
+        mem.read_slice(&mut signature, GuestAddress(RSDP_ADDR))
+            .unwrap();
+        assert_eq!(&signature, b"RSD PTR ");
         assert_eq!(info.nr_modules, 1);
         let module: hvm_modlist_entry = mem.read_obj(GuestAddress(info.modlist_paddr)).unwrap();
         assert_eq!(module.size, 4096);
@@ -572,7 +633,7 @@ mod tests {
             mem.read_obj::<u8>(GuestAddress(KERNEL_START)).unwrap(),
             0xC3
         );
-        write_boot_info(&mem, &k, "console=ttyS0", None).unwrap();
+        write_boot_info(&mem, &k, "console=ttyS0", None, 1).unwrap();
         let params: boot_params = mem.read_obj(GuestAddress(ZERO_PAGE_ADDR)).unwrap();
         assert_eq!({ params.hdr.header }, KERNEL_HDR_MAGIC);
         assert_eq!(
@@ -685,12 +746,13 @@ mod tests {
             end: 0x200_0000,
             setup_header: None,
         };
-        write_boot_info(&mem, &k, "quiet", Some(&[1u8; 8192])).unwrap();
+        write_boot_info(&mem, &k, "quiet", Some(&[1u8; 8192]), 1).unwrap();
         let params: boot_params = mem.read_obj(GuestAddress(ZERO_PAGE_ADDR)).unwrap();
         assert_eq!({ params.hdr.cmd_line_ptr } as u64, CMDLINE_ADDR);
         assert_eq!({ params.hdr.ramdisk_size }, 8192);
-        assert_eq!(params.e820_entries, 1);
-        assert_eq!({ params.e820_table[0].size }, 64 << 20);
+        assert_eq!({ params.acpi_rsdp_addr }, RSDP_ADDR);
+        assert_eq!(params.e820_entries, 3);
+        assert_eq!({ params.e820_table[2].size }, (64 << 20) - ACPI_END);
         let (regs, sregs) = initial_state(k.entry, kvm_sregs::default());
         assert_eq!((regs.rip, regs.rsi), (0x100_0000, ZERO_PAGE_ADDR));
         let paging = Paging::from_regs(
@@ -717,7 +779,7 @@ mod tests {
             setup_header: None,
         };
         let big = vec![0u8; 12 << 20];
-        let err = write_boot_info(&mem, &k, "", Some(&big)).unwrap_err();
+        let err = write_boot_info(&mem, &k, "", Some(&big), 1).unwrap_err();
         assert!(matches!(err, BootError::InitramfsTooLarge { .. }), "{err}");
     }
 }

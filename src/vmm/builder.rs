@@ -78,6 +78,7 @@ pub fn build_for_boot(config: &VmConfig) -> Result<Vmm, VmError> {
         &config.kernel,
         &cmdline,
         config.initramfs.as_deref(),
+        config.vcpus,
     )?;
     Vmm::new(machine, outputs, &config.host)
 }
@@ -90,9 +91,10 @@ fn boot_kernel(
     image: &[u8],
     cmdline: &str,
     initramfs: Option<&[u8]>,
+    vcpus: u8,
 ) -> Result<(), VmError> {
     let kernel = boot::load_kernel(mem, image)?;
-    boot::write_boot_info(mem, &kernel, cmdline, initramfs)?;
+    boot::write_boot_info(mem, &kernel, cmdline, initramfs, vcpus)?;
     boot::write_gdt(mem)?;
     let sregs = boot_vcpu.get_sregs().map_err(setup("KVM_GET_SREGS"))?;
     let (regs, sregs) = boot::initial_state(kernel.entry, sregs);
@@ -129,12 +131,13 @@ pub fn build_from_snapshot(config: &RestoreConfig) -> Result<Vmm, VmError> {
     };
     let saved: Vec<_> = snap.vcpus.iter().map(|v| v.lwp.as_ref()).collect();
     let serial_state = snap.serial.clone();
+    let pm_state = snap.pm;
     let mut machine = machine::create(
         &kvm,
         spec,
         console,
         |out, irq| {
-            PortBus::from_state(out, irq, &serial_state).map_err(|e| {
+            PortBus::from_state(out, irq, &serial_state, pm_state).map_err(|e| {
                 SnapshotError::Mismatch(format!("the serial port's state: {e}")).into()
             })
         },
@@ -179,8 +182,9 @@ fn check_layout(snap: &VmSnapshot) -> Result<u8, SnapshotError> {
 /// the same profile.
 fn check_cpuid(kvm: &Kvm, snap: &VmSnapshot) -> Result<(), VmError> {
     let supported = machine::supported_cpuid(kvm)?;
+    let count = u8::try_from(snap.vcpus.len()).unwrap_or(u8::MAX);
     for v in &snap.vcpus {
-        let here = cpuid::build(&supported, snap.profile, snap.guest, v.id);
+        let here = cpuid::build(&supported, snap.profile, snap.guest, v.id, count);
         if here != v.cpuid {
             let differing: Vec<String> = here
                 .iter()
@@ -262,7 +266,7 @@ fn probe_step_backend(kvm: &Kvm) -> Result<StepBackend, VmError> {
         None,
     )?;
     let probe = crate::guests::get("stepprobe").unwrap_or_default();
-    boot_kernel(&machine.mem, machine.vcpus[0].kvm_fd(), probe, "", None)?;
+    boot_kernel(&machine.mem, machine.vcpus[0].kvm_fd(), probe, "", None, 1)?;
     let vcpu = machine.vcpus[0].kvm();
     vcpu.fd_mut().set_sync_valid_reg(SyncReg::SystemRegister);
     let mut enabled = false;

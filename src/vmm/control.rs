@@ -63,7 +63,9 @@ pub struct Control {
 struct Seen {
     done: bool,
     signal: Option<i32>,
-    snapshot: bool,
+    /// What asked for a snapshot since the loop last looked: requests that
+    /// arrive together make one snapshot, whose log line names them all.
+    snapshot: Vec<&'static str>,
     metrics: bool,
     samples: u64,
     requests: bool,
@@ -97,7 +99,7 @@ impl MutEventSubscriber for Sources {
             seen.done = true;
         } else if fd == self.snapshot_point.as_raw_fd() {
             let _ = self.snapshot_point.read();
-            seen.snapshot = true;
+            seen.snapshot.push("the guest's snapshot point");
         } else if fd == self.wake.as_raw_fd() {
             let _ = self.wake.read();
             seen.requests = true;
@@ -105,10 +107,10 @@ impl MutEventSubscriber for Sources {
             seen.samples += t.wait().unwrap_or(0);
         } else if let Some(t) = self.timer.as_mut().filter(|t| t.as_raw_fd() == fd) {
             let _ = t.wait();
-            seen.snapshot = true;
+            seen.snapshot.push("--snapshot-after");
         } else if let Some(s) = self.sigusr2.as_mut().filter(|s| s.as_raw_fd() == fd) {
             drain(s);
-            seen.snapshot = true;
+            seen.snapshot.push("SIGUSR2");
         } else if let Some(s) = self.sigusr1.as_mut().filter(|s| s.as_raw_fd() == fd) {
             drain(s);
             seen.metrics = true;
@@ -256,9 +258,9 @@ impl Control {
             if seen.samples > 0 && !paused {
                 self.vcpus.iter().for_each(VcpuHandle::kick_sample);
             }
-            if seen.snapshot
+            if !seen.snapshot.is_empty()
                 && let Some(dir) = self.plan.dir.clone()
-                && let Err(e) = self.snapshot(&dir, &mut paused)
+                && let Err(e) = self.snapshot(&dir, &mut paused, &seen.snapshot.join(" and "))
             {
                 log::error!("{e}");
                 errors.push(e);
@@ -282,7 +284,7 @@ impl Control {
                     let _ = reply.send(self.resume(paused));
                 }
                 Request::Snapshot(dir, reply) => {
-                    let _ = reply.send(self.snapshot(&dir, paused));
+                    let _ = reply.send(self.snapshot(&dir, paused, "a request"));
                 }
                 Request::Metrics(reply) => {
                     let _ = reply.send(VmCounters::of(&self.metrics));
@@ -333,8 +335,13 @@ impl Control {
     }
 
     /// Pauses the VM (unless it is paused), writes a snapshot to `dir`,
-    /// and resumes it if it was running.
-    fn snapshot(&mut self, dir: &Path, paused: &mut bool) -> Result<SnapshotInfo, String> {
+    /// and resumes it if it was running; `why` names what asked for it.
+    fn snapshot(
+        &mut self,
+        dir: &Path,
+        paused: &mut bool,
+        why: &str,
+    ) -> Result<SnapshotInfo, String> {
         let started = Instant::now();
         let was_paused = *paused;
         let fail = |e: String| format!("the snapshot to {} failed: {e}", dir.display());
@@ -354,7 +361,7 @@ impl Control {
             total_time: started.elapsed(),
         };
         log::info!(
-            "snapshot written to {} in {:.1} ms ({state_bytes} bytes of state, {memory_bytes} bytes of memory)",
+            "snapshot written to {} for {why} in {:.1} ms ({state_bytes} bytes of state, {memory_bytes} bytes of memory)",
             dir.display(),
             info.total_time.as_secs_f64() * 1e3
         );
@@ -373,12 +380,14 @@ impl Control {
             }
         }
         let vm = VmKvmState::capture(&self.vm).map_err(|e| e.to_string())?;
-        let serial = self
-            .shared
-            .bus
-            .lock()
-            .map_err(|_| "the serial port's lock is poisoned".to_owned())?
-            .serial_state();
+        let (serial, pm) = {
+            let bus = self
+                .shared
+                .bus
+                .lock()
+                .map_err(|_| "the port bus's lock is poisoned".to_owned())?;
+            (bus.serial_state(), bus.pm_state())
+        };
         std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
         let (crc64, memory_bytes) =
             snapshot::write_memory(dir, &self.shared.mem).map_err(|e| e.to_string())?;
@@ -392,6 +401,7 @@ impl Control {
             },
             vm,
             serial,
+            pm,
             vcpus,
         };
         let state_bytes = snapshot::write_state(dir, &state).map_err(|e| e.to_string())?;

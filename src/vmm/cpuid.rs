@@ -1,22 +1,25 @@
 //! The CPUID table a VM receives: KVM's supported CPUID with the LWP profile
-//! applied, per-vCPU topology fields, and lwpvmm's hypervisor leaves at
+//! applied, the topology of each vCPU (topology.rs), and lwpvmm's hypervisor leaves at
 //! 0x4000_0100 (KVM's own 0x4000_0000 leaves stay as KVM reports them).
 //!
 //! Pure policy: it works on plain entries, so it is tested without KVM.
 
 use super::pv::{EXIT_PORT, UD_PORT};
 use super::pv::{LEAF_PV_BASE, LEAF_PV_INFO, PV_ABI_VERSION, PV_SIGNATURE, PvFeatures};
+use super::topology;
 use crate::lwp::cpuid::{
     CpuidEntry, EXT_FEATURES_ECX_LWP, GuestLwpSupport, LEAF_EXT_FEATURES, LEAF_EXT_MAX, LEAF_LWP,
     LwpFeatures, LwpProfile,
 };
 
-/// The whole table for vCPU `vcpu_id`, from KVM's supported entries.
+/// The whole table for vCPU `vcpu_id` of `vcpus`, from KVM's supported
+/// entries.
 pub fn build(
     supported: &[CpuidEntry],
     profile: LwpProfile,
     guest: GuestLwpSupport,
     vcpu_id: u8,
+    vcpus: u8,
 ) -> Vec<CpuidEntry> {
     let mut table: Vec<CpuidEntry> = supported
         .iter()
@@ -27,10 +30,9 @@ pub fn build(
     let precise = profile
         .caps()
         .is_some_and(|c| c.supported.intersects(LwpFeatures::IRE | LwpFeatures::BRE));
+    topology::apply(&mut table, vcpu_id, vcpus);
     for e in &mut table {
         match e.leaf {
-            1 => e.ebx = (e.ebx & 0x00FF_FFFF) | u32::from(vcpu_id) << 24,
-            0xB | 0x1F => e.edx = u32::from(vcpu_id),
             LEAF_EXT_MAX if has_lwp => e.eax = e.eax.max(LEAF_LWP),
             LEAF_EXT_FEATURES => {
                 e.ecx = if has_lwp {
@@ -113,7 +115,7 @@ mod tests {
     fn profiles_patch_the_lwp_leaves() {
         for profile in LwpProfile::ALL {
             for guest in [GuestLwpSupport::Shim, GuestLwpSupport::Stock] {
-                let t = build(&host(), profile, guest, 0);
+                let t = build(&host(), profile, guest, 0, 1);
                 let lwp = profile.caps().is_some();
                 let ext = find(&t, LEAF_EXT_FEATURES);
                 assert_eq!(ext.ecx & EXT_FEATURES_ECX_LWP != 0, lwp, "{profile}");
@@ -146,13 +148,13 @@ mod tests {
     fn max_extended_leaf_is_raised_when_needed() {
         let mut h = host();
         h[2].eax = 0x8000_0008;
-        let t = build(&h, LwpProfile::Emulated, GuestLwpSupport::Shim, 0);
-        assert_eq!(find(&t, LEAF_EXT_MAX).eax, LEAF_LWP);
+        let t = build(&h, LwpProfile::Emulated, GuestLwpSupport::Shim, 0, 1);
+        assert!(find(&t, LEAF_EXT_MAX).eax >= LEAF_LWP);
     }
 
     #[test]
     fn hypervisor_leaves_and_topology() {
-        let t = build(&host(), LwpProfile::Emulated, GuestLwpSupport::Shim, 3);
+        let t = build(&host(), LwpProfile::Emulated, GuestLwpSupport::Shim, 3, 4);
         let kvm = find(&t, 0x4000_0000);
         assert_eq!(kvm.ebx, 0x4B4D_564B, "KVM's own leaves untouched");
         let base = find(&t, LEAF_PV_BASE);

@@ -1,8 +1,9 @@
-//! The port-I/O devices: the 8250 UART at 0x3f8 (vm-superio), QEMU's
-//! isa-debug-exit port at 0xf4, the paravirtual power port, the two legacy
-//! ports a Linux guest needs answered (the CMOS data port and the keyboard
-//! controller's reset command), and the paravirtual doorbell ports, which
-//! only the vCPU loop can answer (they need the vCPU's registers).
+//! The port-I/O devices: the 8250 UART at 0x3f8 (vm-superio), the ACPI PM
+//! registers (pm.rs), QEMU's isa-debug-exit port at 0xf4, the paravirtual
+//! power port, the two legacy ports a Linux guest needs answered (the CMOS
+//! data port and the keyboard controller's reset command), and the
+//! paravirtual doorbell ports, which only the vCPU loop can answer (they
+//! need the vCPU's registers).
 
 use std::fs::File;
 use std::io::{self, LineWriter, Write};
@@ -13,6 +14,7 @@ use vm_superio::serial::{NoEvents, SerialState};
 use vm_superio::{Serial, Trigger};
 use vmm_sys_util::eventfd::EventFd;
 
+use super::pm::{PM_LAST_PORT, PM1A_EVT_PORT, PmAction, PmRegisters, PmState};
 use super::pv::{DB_PORT, EXIT_PORT, POWER_PORT, PowerOp, SNAPSHOT_PORT, STATE_PORT, UD_PORT};
 use super::snapshot::SerialSnapshot;
 
@@ -25,7 +27,8 @@ pub const SERIAL_IRQ: u32 = 4;
 pub const POST_PORT: u16 = 0x80;
 /// The CMOS/RTC index and data ports. There is no RTC: the data port reads
 /// 0, because Linux spins on the update-in-progress bit while it reads 1,
-/// about 2 s of emulated boot on kvm_pvm.
+/// about 2 s of emulated boot on kvm_pvm, and writes are dropped (Linux
+/// writes the warm-reset code before it starts each application processor).
 const CMOS_INDEX_PORT: u16 = 0x70;
 const CMOS_DATA_PORT: u16 = 0x71;
 /// The keyboard controller's command port: 0xfe pulses the reset line,
@@ -88,7 +91,8 @@ impl Trigger for IrqTrigger {
 pub enum GuestEnd {
     /// It wrote this value to the exit port.
     ExitPort(u8),
-    /// It powered off through the paravirtual power port.
+    /// It powered off, through the paravirtual power port or by entering
+    /// ACPI S5.
     PowerOff,
     /// It asked for a reboot (keyboard-controller reset or the power port).
     /// lwpvmm does not restart guests: the VM ends.
@@ -110,6 +114,9 @@ pub enum PortAction {
     DbDoorbell,
     /// The guest asks for a snapshot at this point (`--snapshot-on-port`).
     SnapshotPoint,
+    /// The guest asked for an ACPI sleep state that is not offered (its
+    /// SLP_TYP): the write is ignored.
+    UnsupportedSleep(u16),
     /// No device at this port.
     Unclaimed,
 }
@@ -117,6 +124,7 @@ pub enum PortAction {
 /// The devices on the port bus.
 pub struct PortBus {
     serial: Serial<IrqTrigger, NoEvents, Box<dyn Write + Send>>,
+    pm: PmRegisters,
     snapshot_port: bool,
 }
 
@@ -126,6 +134,7 @@ impl PortBus {
     pub fn new(out: Box<dyn Write + Send>, irq: EventFd) -> Self {
         PortBus {
             serial: Serial::new(IrqTrigger(irq), out),
+            pm: PmRegisters::new(PmState::default()),
             snapshot_port: false,
         }
     }
@@ -135,11 +144,13 @@ impl PortBus {
         self.snapshot_port = true;
     }
 
-    /// The bus with the UART's registers restored from a snapshot.
+    /// The bus with the UART's and the PM registers restored from a
+    /// snapshot.
     pub fn from_state(
         out: Box<dyn Write + Send>,
         irq: EventFd,
         state: &SerialSnapshot,
+        pm: PmState,
     ) -> io::Result<Self> {
         let s = SerialState {
             baud_divisor_low: state.baud_divisor_low,
@@ -157,8 +168,14 @@ impl PortBus {
             .map_err(|e| io::Error::other(format!("serial state: {e:?}")))?;
         Ok(PortBus {
             serial,
+            pm: PmRegisters::new(pm),
             snapshot_port: false,
         })
+    }
+
+    /// The PM registers' state, for a snapshot.
+    pub fn pm_state(&self) -> PmState {
+        self.pm.state()
     }
 
     /// The UART's registers, for a snapshot.
@@ -178,26 +195,44 @@ impl PortBus {
         }
     }
 
-    /// A byte-wide OUT.
+    /// What an OUT to a paravirtual doorbell port asks for: the vCPU loop
+    /// answers these with the vCPU alone, without the bus or its lock, which
+    /// the vCPUs share.
+    pub fn doorbell(port: u16) -> Option<PortAction> {
+        match port {
+            UD_PORT => Some(PortAction::UdDoorbell),
+            STATE_PORT => Some(PortAction::LwpStateCall),
+            DB_PORT => Some(PortAction::DbDoorbell),
+            _ => None,
+        }
+    }
+
+    /// An OUT of `data` (1, 2 or 4 bytes; only the PM registers take more
+    /// than the first).
     pub fn write(&mut self, port: u16, data: &[u8]) -> PortAction {
+        if let Some(action) = Self::doorbell(port) {
+            return action;
+        }
         let value = data.first().copied().unwrap_or(0);
         match port {
+            PM1A_EVT_PORT..=PM_LAST_PORT => match self.pm.write(port, data) {
+                PmAction::Handled => PortAction::Handled,
+                PmAction::PowerOff => PortAction::End(GuestEnd::PowerOff),
+                PmAction::UnsupportedSleep(typ) => PortAction::UnsupportedSleep(typ),
+            },
             SERIAL_BASE..=0x3ff => {
                 // A failed trigger or write only loses console output.
                 let _ = self.serial.write((port - SERIAL_BASE) as u8, value);
                 PortAction::Handled
             }
             EXIT_PORT => PortAction::End(GuestEnd::ExitPort(value)),
-            POST_PORT | CMOS_INDEX_PORT => PortAction::Handled,
+            POST_PORT | CMOS_INDEX_PORT | CMOS_DATA_PORT => PortAction::Handled,
             KBD_COMMAND_PORT if value == KBD_RESET => PortAction::End(GuestEnd::Reboot),
             POWER_PORT => match PowerOp::try_from(value) {
                 Ok(PowerOp::Off) => PortAction::End(GuestEnd::PowerOff),
                 Ok(PowerOp::Reboot) => PortAction::End(GuestEnd::Reboot),
                 Err(_) => PortAction::Unclaimed,
             },
-            UD_PORT => PortAction::UdDoorbell,
-            STATE_PORT => PortAction::LwpStateCall,
-            DB_PORT => PortAction::DbDoorbell,
             SNAPSHOT_PORT if self.snapshot_port => PortAction::SnapshotPoint,
             _ => PortAction::Unclaimed,
         }
@@ -208,6 +243,10 @@ impl PortBus {
         match port {
             CMOS_DATA_PORT => {
                 data.fill(0);
+                PortAction::Handled
+            }
+            PM1A_EVT_PORT..=PM_LAST_PORT => {
+                self.pm.read(port, data);
                 PortAction::Handled
             }
             SERIAL_BASE..=0x3ff => {
@@ -260,6 +299,7 @@ mod tests {
             (0x64, 0xfe, PortAction::End(GuestEnd::Reboot)),
             (0x64, 0xad, PortAction::Unclaimed),
             (0x70, 0x0a, PortAction::Handled),
+            (0x71, 0x0a, PortAction::Handled),
             (0x5c, 0, PortAction::UdDoorbell),
             (0x5d, 1, PortAction::LwpStateCall),
             (0x5b, 0, PortAction::DbDoorbell),
@@ -270,6 +310,19 @@ mod tests {
         for (port, value, want) in table {
             assert_eq!(bus.write(port, &[value]), want, "{port:#x}");
         }
+        assert_eq!(
+            bus.write(0x604, &[0x00, 0x34]),
+            PortAction::End(GuestEnd::PowerOff),
+            "S5"
+        );
+        assert_eq!(
+            bus.write(0x604, &[0x00, 0x2c]),
+            PortAction::UnsupportedSleep(3),
+            "S3 is not offered"
+        );
+        let mut cnt = [0u8; 2];
+        assert_eq!(bus.read(0x604, &mut cnt), PortAction::Handled);
+        assert_eq!(cnt[0] & 1, 1, "SCI_EN: always in ACPI mode");
         bus.claim_snapshot_port();
         assert_eq!(bus.write(0x5a, &[0]), PortAction::SnapshotPoint);
         let mut d = [0u8; 1];

@@ -208,7 +208,7 @@ fn run(
             unit.llwpcb(view, address)
         }
         LwpMnemonic::Slwpcb => {
-            let address = unit.slwpcb(view);
+            let address = unit.slwpcb(view)?;
             write_reg(ctx, insn.op_register(0), address);
             Ok(())
         }
@@ -220,10 +220,10 @@ fn run(
                 instruction_address: ctx.rip,
             };
             if mnemonic == LwpMnemonic::Lwpins {
-                let cf = unit.lwpins(view, &ev, tsc);
+                let cf = unit.lwpins(view, &ev, tsc)?;
                 ctx.rflags = (ctx.rflags & !RFLAGS_CF) | u64::from(cf);
             } else {
-                unit.lwpval(view, &ev, tsc);
+                unit.lwpval(view, &ev, tsc)?;
             }
             Ok(())
         }

@@ -143,7 +143,7 @@ pub fn create(
         let fd = vm
             .create_vcpu(u64::from(id))
             .map_err(setup("KVM_CREATE_VCPU"))?;
-        let table = cpuid::build(&supported, spec.profile, spec.guest, id);
+        let table = cpuid::build(&supported, spec.profile, spec.guest, id, spec.vcpus);
         let kvm_table: Vec<kvm_cpuid_entry2> = table.iter().map(to_kvm).collect();
         let kvm_cpuid = CpuId::from_entries(&kvm_table)
             .map_err(|_| VmError::MissingCap("room for the CPUID table"))?;
@@ -202,7 +202,7 @@ pub fn register_memory(vm: &VmFd, mem: &GuestMemory) -> Result<(), VmError> {
             .map_err(|_| VmError::MissingCap("a host mapping of guest memory"))?;
         let region = kvm_userspace_memory_region {
             slot: slot as u32,
-            flags: 0,
+            flags: PIT_SPEAKER_DUMMY,
             guest_phys_addr: region.start_addr().raw_value(),
             memory_size: region.len(),
             userspace_addr: host as u64,
@@ -311,5 +311,5 @@ pub fn cpuid_table(
     guest: GuestLwpSupport,
 ) -> Result<Vec<CpuidEntry>, VmError> {
     let kvm = Kvm::new().map_err(VmError::NoKvm)?;
-    Ok(cpuid::build(&supported_cpuid(&kvm)?, profile, guest, 0))
+    Ok(cpuid::build(&supported_cpuid(&kvm)?, profile, guest, 0, 1))
 }

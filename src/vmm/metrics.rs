@@ -55,6 +55,9 @@ counters! {
     ud_not_lwp,
     /// Doorbells whose LWP instruction raised a fault.
     ud_faults,
+    /// Faults not injected because KVM already had an event in flight: the
+    /// instruction restarts after that event and faults again.
+    fault_restarts,
     /// LWP instructions emulated after a CPL0 emulation failure.
     cpl0_lwp,
     /// FWAITs at CPL0 that KVM's emulator failed on, skipped.

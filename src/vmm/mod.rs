@@ -5,6 +5,7 @@
 //! handling, the control thread, the paravirtual ABI, devices, boot,
 //! snapshots, metrics and the host-side hardening.
 
+pub mod acpi;
 pub mod boot;
 pub mod builder;
 pub mod config;
@@ -17,6 +18,7 @@ pub mod lwp_insn;
 pub mod machine;
 pub mod metrics;
 pub mod output;
+pub mod pm;
 pub mod privilege;
 pub mod pv;
 pub mod ratelimit;
@@ -24,6 +26,7 @@ pub mod seccomp;
 pub mod signals;
 pub mod snapshot;
 pub mod step;
+pub mod topology;
 pub mod vcpu;
 pub mod vcpu_state;
 #[allow(clippy::module_inception)]

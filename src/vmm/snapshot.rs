@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
+use super::pm::PmState;
 use super::vcpu::LwpState;
 use crate::guard::GuestMemory;
 use crate::lwp::cpuid::{CpuidEntry, GuestLwpSupport, LwpProfile};
@@ -29,10 +30,11 @@ pub const STATE_FILE: &str = "state.bin";
 pub const MEMORY_FILE: &str = "memory.bin";
 /// The state file's first eight bytes.
 pub const MAGIC: [u8; 8] = *b"LWPVMMST";
-/// The format version this lwpvmm writes and reads: 2 saves each vCPU's
-/// whole LWP state (with the #DB-doorbell declaration and the stepping
-/// state) and names the profile and guest kind as enums.
-pub const FORMAT_VERSION: u32 = 2;
+/// The format version this lwpvmm writes and reads: 3 is the machine with
+/// ACPI tables, a CPUID topology and the ACPI PM registers (saved here);
+/// 2 added each vCPU's whole LWP state and named the profile and guest
+/// kind as enums.
+pub const FORMAT_VERSION: u32 = 3;
 const HEADER_LEN: usize = 8 + 4 + 4 + 8 + 8;
 /// The largest state payload accepted (it is JSON of a few KiB per vCPU).
 const MAX_PAYLOAD: u64 = 64 << 20;
@@ -129,6 +131,8 @@ pub struct VmSnapshot {
     pub vm: VmKvmState,
     /// The 8250's registers.
     pub serial: SerialSnapshot,
+    /// The ACPI PM registers.
+    pub pm: PmState,
     /// Every vCPU.
     pub vcpus: Vec<VcpuSnapshot>,
 }
@@ -404,6 +408,7 @@ mod tests {
                 clock: kvm_clock_data::default(),
             },
             serial: SerialSnapshot::default(),
+            pm: PmState::default(),
             vcpus: vec![],
         }
     }

@@ -7,8 +7,12 @@
  * check, then the summary line the host-side tests look for, and powers
  * off.
  *
+ * It first prints `lwp-linux-selftest: cpus N`, N counted as
+ * sysconf(_SC_NPROCESSORS_ONLN) counts, and checks that every CPU's CPUID
+ * topology names it by its APIC ID and that the kernel enabled LWP on each.
+ *
  * User-mode CPUID runs natively on nested hosts such as kvm_pvm and returns
- * the host's leaves, so the leaves are read through /dev/cpu/0/cpuid, whose
+ * the host's leaves, so the leaves are read through /dev/cpu/N/cpuid, whose
  * driver executes CPUID in the kernel, and /proc/lwp_cpuid (our kernel
  * patch 0004) must give the same leaf 0x8000001C.
  *
@@ -17,14 +21,17 @@
  *
  * Then, when the leaf says the OS enabled LWP (EAX.LwpAvail), it runs the
  * LWP programs (unmodified -mlwp programs, each a check of its own); without
- * LwpAvail they are not run, and say so.
+ * LwpAvail they are not run, and say so. With `lwpsnap=1` on the kernel
+ * command line (the kernel hands it to /init's environment) it writes
+ * lwpvmm's snapshot debug port halfway through them, so that a run with
+ * --snapshot-on-port snapshots a busy SMP guest.
  */
 #include <linux/reboot.h>
 #include <asm/ioctls.h>
 
 /* The self-test's own check lines are not indented. */
 #define CHECK_INDENT ""
-#include "lwp.h"
+#include "smp.h"
 
 #define LEAF_EXT_FEATURES 0x80000001u
 #define LEAF_LWP 0x8000001cu
@@ -37,29 +44,108 @@
 #define LWP_CFG_ENABLES 0x6000007eu
 #define LWP_CFG_INT (1u << 31)
 #define LWP_THRESHOLD_VECTOR 0xf5ull
+#define LWP_CFG_COREID_SHIFT 32
+/* lwpvmm's snapshot debug port (docs/pv-abi.md). */
+#define SNAPSHOT_PORT 0x5a
 
-/* Reads the four registers of a CPUID leaf as the kernel sees them. */
-static int cpuid(unsigned int leaf, unsigned int regs[4])
+/* Reads a small file whole, NUL-terminated; its length or -1. */
+static ssize_t slurp(const char *path, char *buf, size_t size)
 {
-	int fd = open("/dev/cpu/0/cpuid", O_RDONLY);
-	int ok = fd >= 0 && lseek(fd, leaf, SEEK_SET) == (off_t)leaf &&
-		 read(fd, regs, 16) == 16;
+	int fd = open(path, O_RDONLY);
+	ssize_t len = 0, n;
 
+	if (fd < 0)
+		return -1;
+	while (len < (ssize_t)size - 1 &&
+	       (n = read(fd, buf + len, size - 1 - len)) > 0)
+		len += n;
+	close(fd);
+	buf[len] = 0;
+	return len;
+}
+
+/* "/dev/cpu/N/" followed by `file`. */
+static void cpu_path(char *out, int cpu, const char *file)
+{
+	strcpy(out, "/dev/cpu/");
+	strncat(out, itoa(cpu), 8);
+	strncat(out, "/", 1);
+	strncat(out, file, 8);
+}
+
+/* Reads the four registers of a CPUID leaf (and subleaf) as the kernel of
+ * CPU `cpu` sees them: the driver's file offset is subleaf << 32 | leaf. */
+static int cpuid_on(int cpu, unsigned int leaf, unsigned int subleaf,
+		    unsigned int regs[4])
+{
+	char path[32];
+	off_t at = (off_t)((unsigned long long)subleaf << 32 | leaf);
+	int fd, ok;
+
+	cpu_path(path, cpu, "cpuid");
+	fd = open(path, O_RDONLY);
+	ok = fd >= 0 && lseek(fd, at, SEEK_SET) == at && read(fd, regs, 16) == 16;
 	if (fd >= 0)
 		close(fd);
 	return ok;
 }
 
-/* An MSR access through /dev/cpu/0/msr, which lwpvmm answers. */
-static int msr(unsigned int index, unsigned long long *value, int write_it)
+static int cpuid(unsigned int leaf, unsigned int regs[4])
 {
-	int fd = open("/dev/cpu/0/msr", write_it ? O_WRONLY : O_RDONLY);
-	int ok = fd >= 0 && lseek(fd, index, SEEK_SET) == (off_t)index &&
-		 (write_it ? write(fd, value, 8) : read(fd, value, 8)) == 8;
+	return cpuid_on(0, leaf, 0, regs);
+}
 
+/* An MSR access on CPU `cpu` through /dev/cpu/N/msr, which lwpvmm answers. */
+static int msr_on(int cpu, unsigned int index, unsigned long long *value,
+		  int write_it)
+{
+	char path[32];
+	int fd, ok;
+
+	cpu_path(path, cpu, "msr");
+	fd = open(path, write_it ? O_WRONLY : O_RDONLY);
+	ok = fd >= 0 && lseek(fd, index, SEEK_SET) == (off_t)index &&
+	     (write_it ? write(fd, value, 8) : read(fd, value, 8)) == 8;
 	if (fd >= 0)
 		close(fd);
 	return ok;
+}
+
+static int msr(unsigned int index, unsigned long long *value, int write_it)
+{
+	return msr_on(0, index, value, write_it);
+}
+
+/* Whether CPU `cpu`'s CPUID names it by APIC ID `cpu` in one package of
+ * `cpus` cores (leaves 1, 0xB and 0x8000001E, as lwpvmm's MADT does). */
+static int topology_agrees(int cpu, int cpus)
+{
+	unsigned int l1[4], smt[4], core[4], amd[4];
+	unsigned int id = (unsigned int)cpu;
+
+	if (!cpuid_on(cpu, 1, 0, l1) || !cpuid_on(cpu, 0xb, 0, smt) ||
+	    !cpuid_on(cpu, 0xb, 1, core) || !cpuid_on(cpu, 0x8000001e, 0, amd))
+		return 0;
+	if (l1[1] >> 24 == id && smt[3] == id && core[3] == id &&
+	    (core[1] & 0xffff) == (unsigned int)cpus && amd[0] == id)
+		return 1;
+	printf("  CPU %d: leaf 1 EBX %x, 0xb EDX %x/%x EBX %x, 0x8000001e EAX %x\n",
+	       cpu, l1[1], smt[3], core[3], core[1], amd[0]);
+	return 0;
+}
+
+/* The "processor" lines of /proc/cpuinfo. */
+static int cpuinfo_processors(void)
+{
+	static char buf[16384];
+	int n = 0;
+	char *p = buf;
+
+	if (slurp("/proc/cpuinfo", buf, sizeof(buf)) < 0)
+		return -1;
+	for (; *p; p++)
+		n += (p == buf || p[-1] == '\n') && strncmp(p, "processor", 9) == 0;
+	return n;
 }
 
 /* "eax=%08x ebx=%08x ecx=%08x edx=%08x\n" (nolibc has no snprintf). */
@@ -76,22 +162,6 @@ static void leaf_line(char *out, const unsigned int regs[4])
 	}
 	*out++ = '\n';
 	*out = 0;
-}
-
-/* Reads a small file whole, NUL-terminated; its length or -1. */
-static ssize_t slurp(const char *path, char *buf, size_t size)
-{
-	int fd = open(path, O_RDONLY);
-	ssize_t len = 0, n;
-
-	if (fd < 0)
-		return -1;
-	while (len < (ssize_t)size - 1 &&
-	       (n = read(fd, buf + len, size - 1 - len)) > 0)
-		len += n;
-	close(fd);
-	buf[len] = 0;
-	return len;
 }
 
 /* Whether the "flags" line of /proc/cpuinfo holds the word "lwp". */
@@ -120,11 +190,14 @@ static int cpuinfo_has_lwp(void)
 	return 0;
 }
 
-/* Runs an LWP test program; whether it exited 0. */
-static int run_program(const char *path, char **envp)
+/* Runs a program with `argv` (its own name when 0); whether it exited 0. */
+static int run_program(const char *path, char **argv, char **envp)
 {
-	char *argv[] = { (char *)path, 0 };
+	char *own[] = { (char *)path, 0 };
 	int status = -1;
+
+	if (!argv)
+		argv = own;
 	pid_t pid = fork();
 
 	if (pid == 0) {
@@ -139,20 +212,93 @@ static int run_program(const char *path, char **envp)
 	return status == 0;
 }
 
+/* The value of `name` in the environment, or 0. */
+static const char *env_value(char **envp, const char *name)
+{
+	size_t len = strlen(name);
+
+	for (; *envp; envp++)
+		if (strncmp(*envp, name, len) == 0 && (*envp)[len] == '=')
+			return *envp + len + 1;
+	return 0;
+}
+
+/* Whether `name=1` is in the environment. */
+static int env_set(char **envp, const char *name)
+{
+	const char *v = env_value(envp, name);
+
+	return v && strcmp(v, "1") == 0;
+}
+
+static void power_off(void)
+{
+	/* Power-off does not wait for the console: what the serial driver
+	 * still holds (it transmits on interrupts, which a loaded host
+	 * delivers late) would be lost. TCSBRK with 1 is tcdrain(). */
+	ioctl(1, TCSBRK, (void *)1);
+	reboot(LINUX_REBOOT_CMD_POWER_OFF);
+	exit(1);
+}
+
+/* Asks lwpvmm for a snapshot here (--snapshot-on-port): the debug port,
+ * opened to this process with ioperm. */
+static void snapshot_point(void)
+{
+	if (my_syscall3(__NR_ioperm, SNAPSHOT_PORT, 1, 1) != 0) {
+		printf("snapshot point: ioperm refused\n");
+		return;
+	}
+	printf("snapshot point\n");
+	ioctl(1, TCSBRK, (void *)1);
+	__asm__ volatile("outb %%al, %0" ::"i"(SNAPSHOT_PORT), "a"(0));
+	printf("after the snapshot point\n");
+}
+
+/* The LWP_CFG the kernel writes on CPU `cpu` when the leaf enables LWP. */
+static unsigned long long kernel_cfg(const unsigned int lwp[4], int cpu)
+{
+	unsigned long long value = lwp[3] & LWP_CFG_ENABLES;
+
+	if (!(lwp[0] & 1))
+		return 0;
+	if (lwp[3] & LWP_CFG_INT)
+		value |= LWP_CFG_INT | LWP_THRESHOLD_VECTOR << 40;
+	return value | (unsigned long long)(cpu & 0xff) << LWP_CFG_COREID_SHIFT;
+}
+
 int main(int argc, char **argv, char **envp)
 {
 	static const char *const programs[] = {
-		"/lwp-records", "/lwp-two",	  "/lwp-faults",
-		"/lwp-hot",	"/lwp-threshold",
+		"/lwp-records", "/lwp-two",	 "/lwp-faults",	 "/lwp-hot",
+		"/lwp-pinned",	"/lwp-threshold", "/lwp-threads", "/lwp-migrate",
+		"/lwp-storm",
 	};
+	/* The snapshot point comes after this many programs. */
+	const unsigned int snapshot_after = 5;
 	unsigned int i;
 	unsigned int ext[4] = { 0 }, lwp[4] = { 0 };
 	unsigned long long cfg = ~0ull, cbaddr = ~0ull, boot_cfg = ~0ull, value;
 	char want[64], file[64];
+	int cpu, cpus, topology = 1, every_cfg = 1;
 
 	mount("proc", "/proc", "proc", 0, 0);
+	mount("sysfs", "/sys", "sysfs", 0, 0);
 	mount("devtmpfs", "/dev", "devtmpfs", 0, 0);
+	if (env_value(envp, "lwprate")) {
+		/* The SMP benchmark's run instead of the self-test. */
+		char *rate[] = { "/lwp-rate", (char *)env_value(envp, "lwprate"), 0 };
+
+		run_program(rate[0], rate, envp);
+		power_off();
+	}
 	printf("LWP self-test starting\n");
+	cpus = online_cpus();
+	printf("lwp-linux-selftest: cpus %d\n", cpus);
+	for (cpu = 0; cpu < cpus; cpu++)
+		topology &= topology_agrees(cpu, cpus);
+	check("every CPU is in /proc/cpuinfo and its CPUID topology names it by its APIC ID",
+	      cpus >= 1 && cpuinfo_processors() == cpus && topology);
 
 	check("/proc/cpuinfo flags show lwp", cpuinfo_has_lwp());
 	check("CPUID 0x80000001 read in the kernel",
@@ -166,14 +312,14 @@ int main(int argc, char **argv, char **envp)
 	check("/proc/lwp_cpuid gives the same leaf",
 	      slurp("/proc/lwp_cpuid", file, sizeof(file)) > 0 &&
 		      strcmp(file, want) == 0);
-	value = 0;
-	if (lwp[0] & 1) {
-		value = lwp[3] & LWP_CFG_ENABLES;
-		if (lwp[3] & LWP_CFG_INT)
-			value |= LWP_CFG_INT | LWP_THRESHOLD_VECTOR << 40;
+	for (cpu = 0; cpu < cpus; cpu++) {
+		every_cfg &= msr_on(cpu, MSR_LWP_CFG, &value, 0) &&
+			     value == kernel_cfg(lwp, cpu);
+		if (cpu == 0)
+			boot_cfg = value;
 	}
-	check("LWP_CFG reads what the kernel enabled at boot",
-	      msr(MSR_LWP_CFG, &boot_cfg, 0) && boot_cfg == value);
+	check("LWP_CFG reads what the kernel enabled at boot, on every CPU",
+	      every_cfg);
 	check("LWP_CBADDR reads 0 at boot",
 	      msr(MSR_LWP_CBADDR, &cbaddr, 0) && cbaddr == 0);
 	value = lwp[3] & LWP_VAL;
@@ -187,22 +333,20 @@ int main(int argc, char **argv, char **envp)
 
 	printf("/sysentry:\n");
 	check("/sysentry: patch 0001 runs only real SYSCALLs, with user flags",
-	      run_program("/sysentry", envp));
+	      run_program("/sysentry", 0, envp));
 
 	if (lwp[0] & 1) {
 		for (i = 0; i < sizeof(programs) / sizeof(programs[0]); i++) {
+			if (i == snapshot_after && env_set(envp, "lwpsnap"))
+				snapshot_point();
 			printf("%s:\n", programs[i]);
-			check(programs[i], run_program(programs[i], envp));
+			check(programs[i], run_program(programs[i], 0, envp));
 		}
 	} else {
 		printf("LWP programs not run: CPUID 0x8000001c.EAX has no LwpAvail\n");
 	}
 
 	printf("lwp-linux-selftest: %d passed, %d failed\n", passed, failed);
-	/* Power-off does not wait for the console: what the serial driver
-	 * still holds (it transmits on interrupts, which a loaded host
-	 * delivers late) would be lost. TCSBRK with 1 is tcdrain(). */
-	ioctl(1, TCSBRK, (void *)1);
-	reboot(LINUX_REBOOT_CMD_POWER_OFF);
+	power_off();
 	return 1;
 }

@@ -201,11 +201,11 @@ pub fn emulation_failure(cx: &mut ExitCx<'_>) -> Result<VcpuStep, VcpuError> {
         Outcome::Fault(fault) => {
             cx.metrics.cpl0_lwp.fetch_add(1, Ordering::Relaxed);
             cx.metrics.count_denial(fault);
-            cx.vcpu.inject(&regs, &sregs, fault)?;
+            inject::fault(cx, &regs, &sregs, fault)?;
             Ok(VcpuStep::Continue)
         }
         Outcome::NotLwp(NotLwp::LwpDisabled) => {
-            cx.vcpu.inject(&regs, &sregs, GuestFault::InvalidOpcode)?;
+            inject::fault(cx, &regs, &sregs, GuestFault::InvalidOpcode)?;
             Ok(VcpuStep::Continue)
         }
         Outcome::NotLwp(NotLwp::OtherInstruction) => Err(unhandled(&described)),
@@ -433,6 +433,33 @@ mod tests {
             (0x23, 3, 0x1b)
         );
         assert_eq!(r.metrics.counters().ud_faults, 1);
+    }
+
+    /// A fault found while KVM has an event in flight is not injected: the
+    /// frame is unwound, so the event lands at the LWP instruction, which
+    /// then runs again and faults then. The exit's copy of the interrupt
+    /// bitmap is never written back.
+    #[test]
+    fn a_fault_with_an_event_in_flight_restarts_the_instruction() {
+        let mut r = Rig::new(LwpProfile::Emulated, None);
+        r.code(USER_CODE, &LLWPCB_RAX);
+        for (in_flight, injected, restarts) in [(true, 0, 1), (false, 1, 1)] {
+            r.vcpu.regs.rax = UNMAPPED;
+            r.frame(USER_CODE, USER_CS, USER_DS, 0x202);
+            // A stale copy of an interrupt KVM already delivered (vector
+            // 0xEC, Linux's local APIC timer): never written back.
+            r.vcpu.sregs.interrupt_bitmap[3] = 1 << (0xEC - 192);
+            r.vcpu.event_in_flight = in_flight;
+            ud_doorbell(&mut r.cx()).unwrap();
+            let unwound = (r.vcpu.regs.rip, r.vcpu.regs.rflags, r.vcpu.sregs.cs.dpl);
+            assert_eq!(unwound, (USER_CODE, 0x202, 3), "in flight: {in_flight}");
+            assert_eq!(r.vcpu.injected.len(), injected, "in flight: {in_flight}");
+            assert_eq!(
+                r.vcpu.sregs.interrupt_bitmap, [0; 4],
+                "in flight: {in_flight}"
+            );
+            assert_eq!(r.metrics.counters().fault_restarts, restarts);
+        }
     }
 
     #[test]

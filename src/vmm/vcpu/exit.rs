@@ -64,16 +64,24 @@ pub fn handle_exit(
     Ok(match exit {
         Ok(VcpuExit::IoOut(port, data)) => {
             m.exits_io.fetch_add(1, Ordering::Relaxed);
-            let action = dev
-                .bus
-                .lock()
-                .map_or(PortAction::Handled, |mut b| b.write(port, data));
+            let action = PortBus::doorbell(port).unwrap_or_else(|| {
+                dev.bus
+                    .lock()
+                    .map_or(PortAction::Handled, |mut b| b.write(port, data))
+            });
             match action {
                 PortAction::Handled => ExitAction::PortDone,
                 PortAction::Unclaimed => {
                     guest_warn!(
                         m.unclaimed_ports,
                         "vCPU {id}: write to unclaimed port {port:#x}"
+                    );
+                    ExitAction::PortDone
+                }
+                PortAction::UnsupportedSleep(typ) => {
+                    guest_warn!(
+                        m.guest_warnings,
+                        "vCPU {id}: ACPI sleep type {typ} requested; only S5 (power-off) is offered, the request is ignored"
                     );
                     ExitAction::PortDone
                 }
@@ -166,7 +174,9 @@ pub fn act(action: ExitAction, cx: &mut ExitCx<'_>) -> Result<VcpuStep, VcpuErro
             stepper::db_doorbell(cx);
             Ok(VcpuStep::Continue)
         }
-        ExitAction::Port(PortAction::Handled | PortAction::Unclaimed) => Ok(VcpuStep::Continue),
+        ExitAction::Port(
+            PortAction::Handled | PortAction::Unclaimed | PortAction::UnsupportedSleep(_),
+        ) => Ok(VcpuStep::Continue),
         ExitAction::Debug(exit) => {
             stepper::debug_exit(cx, &exit)?;
             Ok(VcpuStep::Continue)

@@ -29,6 +29,18 @@ pub struct EmulationFailure {
     pub bytes: Option<([u8; MAX_INSN_LEN], usize)>,
 }
 
+/// What became of a fault handed to [`VcpuOps::inject`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// The guest takes it at the next entry.
+    Injected,
+    /// KVM already had an event in flight (an interrupt being delivered):
+    /// the registers are set but the fault is not, so that event is
+    /// delivered first and the faulting instruction runs, and faults,
+    /// again.
+    Restarted,
+}
+
 /// What exit handling needs of a vCPU.
 pub trait VcpuOps {
     /// The vCPU's index (its APIC ID).
@@ -39,13 +51,14 @@ pub trait VcpuOps {
     fn sregs(&self) -> kvm_sregs;
     /// Sets the general registers for the next KVM_RUN.
     fn set_regs(&mut self, regs: &kvm_regs);
-    /// Sets every register and injects `fault` (with CR2 for a #PF).
+    /// Sets every register and injects `fault` (with CR2 for a #PF), unless
+    /// an event is already in flight: then only the registers are set.
     fn inject(
         &mut self,
         regs: &kvm_regs,
         sregs: &kvm_sregs,
         fault: GuestFault,
-    ) -> Result<(), VcpuError>;
+    ) -> Result<Delivery, VcpuError>;
     /// Turns KVM's single-step (the guest-debug backend) on or off.
     fn single_step(&mut self, on: bool) -> Result<(), VcpuError>;
     /// The guest's TSC now.
@@ -129,26 +142,38 @@ impl VcpuOps for KvmVcpu {
         regs: &kvm_regs,
         sregs: &kvm_sregs,
         fault: GuestFault,
-    ) -> Result<(), VcpuError> {
+    ) -> Result<Delivery, VcpuError> {
+        let mut events = self
+            .fd
+            .get_vcpu_events()
+            .map_err(self.ioctl("KVM_GET_VCPU_EVENTS"))?;
+        let in_flight = events.exception.injected != 0
+            || events.interrupt.injected != 0
+            || events.nmi.injected != 0;
         let mut sregs = *sregs;
-        if let GuestFault::PageFault { address, .. } = fault {
+        if let GuestFault::PageFault { address, .. } = fault
+            && !in_flight
+        {
             sregs.cr2 = address;
         }
         self.fd.set_regs(regs).map_err(self.ioctl("KVM_SET_REGS"))?;
         self.fd
             .set_sregs(&sregs)
             .map_err(self.ioctl("KVM_SET_SREGS"))?;
-        let mut events = self
-            .fd
-            .get_vcpu_events()
-            .map_err(self.ioctl("KVM_GET_VCPU_EVENTS"))?;
+        if in_flight {
+            // Injected together, the event would be delivered right after
+            // the fault, at the handler's first instruction: the
+            // instruction restarts after the event instead.
+            return Ok(Delivery::Restarted);
+        }
         events.exception.injected = 1;
         events.exception.nr = fault.vector();
         events.exception.has_error_code = u8::from(fault.error_code().is_some());
         events.exception.error_code = fault.error_code().unwrap_or(0);
         self.fd
             .set_vcpu_events(&events)
-            .map_err(self.ioctl("KVM_SET_VCPU_EVENTS"))
+            .map_err(self.ioctl("KVM_SET_VCPU_EVENTS"))?;
+        Ok(Delivery::Injected)
     }
 
     fn single_step(&mut self, on: bool) -> Result<(), VcpuError> {

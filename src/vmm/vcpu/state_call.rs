@@ -63,7 +63,7 @@ fn state_call(cx: &mut ExitCx<'_>, op: u8, area_at: u64) -> (StateStatus, Option
             // the LWPCB as SLWPCB does, when its address space is current.
             // A flush that faults is counted in the unit's flush_faults.
             if in_lwpcb_space {
-                unit.slwpcb(&mut view);
+                unit.flush_for_switch(&mut view);
             }
             let area = unit.save_xsave();
             match view.write(area_at, area.as_slice(), Access::SupervisorWrite) {

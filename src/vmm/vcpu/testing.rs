@@ -10,7 +10,7 @@ use std::cell::RefCell;
 use kvm_bindings::{kvm_msi, kvm_regs, kvm_sregs};
 use vm_memory::{ByteValued, Bytes, GuestAddress};
 
-use super::ops::{EmulationFailure, VcpuOps};
+use super::ops::{Delivery, EmulationFailure, VcpuOps};
 use super::{ExitCx, VcpuError, VcpuLwp};
 use crate::guard::GuestMemory;
 use crate::guard::pagetable::{PageSize, PageTables, PteFlags};
@@ -70,6 +70,8 @@ pub struct FakeVcpu {
     pub sregs: kvm_sregs,
     pub regs_set: usize,
     pub injected: Vec<(kvm_regs, kvm_sregs, GuestFault)>,
+    /// Whether KVM has an event in flight (faults then restart).
+    pub event_in_flight: bool,
     pub msis: RefCell<Vec<kvm_msi>>,
     pub single_step: Option<bool>,
     pub failure: EmulationFailure,
@@ -100,9 +102,14 @@ impl VcpuOps for FakeVcpu {
         regs: &kvm_regs,
         sregs: &kvm_sregs,
         fault: GuestFault,
-    ) -> Result<(), VcpuError> {
+    ) -> Result<Delivery, VcpuError> {
+        self.regs = *regs;
+        self.sregs = *sregs;
+        if self.event_in_flight {
+            return Ok(Delivery::Restarted);
+        }
         self.injected.push((*regs, *sregs, fault));
-        Ok(())
+        Ok(Delivery::Injected)
     }
 
     fn single_step(&mut self, on: bool) -> Result<(), VcpuError> {
@@ -200,6 +207,7 @@ impl Rig {
             sregs,
             regs_set: 0,
             injected: Vec::new(),
+            event_in_flight: false,
             msis: RefCell::default(),
             single_step: None,
             failure: EmulationFailure {
