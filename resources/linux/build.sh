@@ -89,7 +89,6 @@ cat >"$OUT/initramfs.list" <<LIST
 dir /dev 0755 0 0
 nod /dev/console 0600 0 0 c 5 1
 dir /proc 0755 0 0
-dir /sys 0755 0 0
 LIST
 # Every init/*.c is a program: selftest.c becomes /init, the others /NAME.
 for src in "$HERE"/init/*.c; do

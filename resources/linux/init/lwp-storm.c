@@ -8,7 +8,7 @@
  */
 #include "smp.h"
 
-#define PER_CPU 10
+#define PER_CPU 5
 #define MAX_CPUS 8
 #define SLOTS (2 * PER_CPU * MAX_CPUS + 1)
 

@@ -283,7 +283,6 @@ int main(int argc, char **argv, char **envp)
 	int cpu, cpus, topology = 1, every_cfg = 1;
 
 	mount("proc", "/proc", "proc", 0, 0);
-	mount("sysfs", "/sys", "sysfs", 0, 0);
 	mount("devtmpfs", "/dev", "devtmpfs", 0, 0);
 	if (env_value(envp, "lwprate")) {
 		/* The SMP benchmark's run instead of the self-test. */
