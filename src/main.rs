@@ -55,7 +55,8 @@ fn main() -> ExitCode {
     match run(cli, &mut std::io::stdout()) {
         Ok(status) => ExitCode::from(status),
         Err(e) => {
-            eprintln!("lwpvmm: {e}");
+            // A closed terminal must not turn an error into a panic.
+            let _ = writeln!(std::io::stderr(), "lwpvmm: {e}");
             ExitCode::from(ERROR_STATUS)
         }
     }

@@ -186,7 +186,7 @@ fn signals_stop_the_vm_cleanly() {
     let kernel = dir.join("replay.elf");
     std::fs::write(&kernel, lwpvmm::guests::get("replay").unwrap()).unwrap();
     // (signal, its number)
-    for (signal, number) in [("INT", 2), ("TERM", 15)] {
+    for (signal, number) in [("INT", 2), ("TERM", 15), ("HUP", 1)] {
         let (console, trace, metrics) = (
             dir.join(format!("{signal}.console")),
             dir.join(format!("{signal}.trace")),

@@ -474,7 +474,10 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
 /// a requested snapshot or metrics write that failed fails the command.
 fn finish(outcome: RunOutcome) -> Result<u8, CliError> {
     if let VmEnd::Signal(signal) = outcome.end {
-        eprintln!(
+        // Not eprintln!, which panics when stderr is gone: after SIGHUP the
+        // terminal usually is.
+        let _ = writeln!(
+            std::io::stderr(),
             "lwpvmm: {} received: the VM was stopped; console, trace and metrics are written",
             signals::name(signal)
         );

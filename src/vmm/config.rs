@@ -77,7 +77,7 @@ pub struct HostConfig {
     pub snapshots: SnapshotPlan,
     /// The seccomp filters of the vCPU and control threads.
     pub seccomp: SeccompMode,
-    /// Stop the VM cleanly on SIGINT and SIGTERM (a second one ends the
+    /// Stop the VM cleanly on SIGINT, SIGTERM and SIGHUP (a second one ends the
     /// process at once). For programs that own their signals, as the CLI.
     pub stop_on_signals: bool,
     /// The sampler, the trace and the metrics file.

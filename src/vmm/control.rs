@@ -1,6 +1,6 @@
 //! The control thread of a running VM: an event-manager loop over the VM's
 //! end, requests from [`VmmHandle`](super::vmm::VmmHandle)s, snapshot
-//! points, the snapshot timer, the sampler, SIGUSR1/SIGUSR2, SIGINT/SIGTERM
+//! points, the snapshot timer, the sampler, SIGUSR1/SIGUSR2, SIGINT/SIGTERM/SIGHUP
 //! and console input. It pauses, resumes and snapshots the vCPUs through
 //! their handles (channels: nothing polls, nothing sleeps), and at the end
 //! stops and joins them. Its seccomp filter goes on once the loop's
@@ -54,7 +54,7 @@ pub struct Control {
     /// Requests from handles, and the descriptor that wakes the loop for
     /// them.
     pub requests: (Receiver<Request>, EventFd),
-    /// SIGINT and SIGTERM, when the VM stops on them.
+    /// SIGINT, SIGTERM and SIGHUP, when the VM stops on them.
     pub stop_signals: Option<StopSignals>,
 }
 

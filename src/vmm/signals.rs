@@ -1,5 +1,6 @@
-//! SIGINT and SIGTERM while a VM runs (when the caller asks for it, as
-//! `lwpvmm run` does): the first one stops the VM cleanly (the vCPUs stop,
+//! SIGINT, SIGTERM and SIGHUP (the terminal closed) while a VM runs (when
+//! the caller asks for it, as `lwpvmm run` does): the first one stops the
+//! VM cleanly (the vCPUs stop,
 //! the console, trace and metrics are flushed and written, and the run ends
 //! with that signal as its reason); a second one ends the process at once
 //! with status 128 + N, for a stop that hangs. signal-hook writes a byte to
@@ -12,10 +13,10 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use signal_hook::SigId;
-use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 
 /// The signals that stop a VM.
-pub const STOP_SIGNALS: [i32; 2] = [SIGINT, SIGTERM];
+pub const STOP_SIGNALS: [i32; 3] = [SIGINT, SIGTERM, SIGHUP];
 
 /// The handlers, registered until this is dropped.
 #[derive(Debug)]
@@ -80,6 +81,7 @@ pub fn name(signal: i32) -> &'static str {
     match signal {
         SIGINT => "SIGINT",
         SIGTERM => "SIGTERM",
+        SIGHUP => "SIGHUP",
         _ => "a signal",
     }
 }

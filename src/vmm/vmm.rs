@@ -239,7 +239,7 @@ impl Vmm {
             .then(StopSignals::register)
             .transpose()
             .map_err(|source| VmError::Signal {
-                what: "SIGINT and SIGTERM",
+                what: "SIGINT, SIGTERM and SIGHUP",
                 source,
             })?;
         let sampled = self
