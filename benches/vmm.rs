@@ -117,13 +117,13 @@ fn measure(args: &[&str]) -> (f64, i64) {
     (wall, rss)
 }
 
-/// QEMU microvm with KVM, 64 MiB, the console on stdio and no display,
-/// followed by `extra`: the configuration both comparisons use.
-fn qemu_microvm(extra: &[&str]) -> Vec<String> {
+/// QEMU with KVM on `machine`, 64 MiB, the console on stdio and no
+/// display, followed by `extra`.
+fn qemu(machine: &str, extra: &[&str]) -> Vec<String> {
     [
         "qemu-system-x86_64",
         "-M",
-        "microvm,x-option-roms=off,rtc=off",
+        machine,
         "-enable-kvm",
         "-cpu",
         "host,arch-capabilities=off",
@@ -142,40 +142,32 @@ fn qemu_microvm(extra: &[&str]) -> Vec<String> {
     .collect()
 }
 
-/// QEMU's pc machine (SeaBIOS, KVM, 64 MiB, console on stdio) booting the
-/// Linux guest with `smp` CPUs and lwpvmm's default command line. Not
-/// microvm: its hardware-reduced ACPI has no PM timer, and on this host
-/// the kernel's PIT calibration fails, so without the pc machine's HPET
-/// the kernel finds no TSC reference and hangs.
+/// QEMU microvm followed by `extra`: the start-up comparison's machine.
+fn qemu_microvm(extra: &[&str]) -> Vec<String> {
+    qemu("microvm,x-option-roms=off,rtc=off", extra)
+}
+
+/// QEMU's pc machine (SeaBIOS) booting the Linux guest with `smp` CPUs and
+/// lwpvmm's default command line. Not microvm: its hardware-reduced ACPI
+/// has no PM timer, and on this host the kernel's PIT calibration fails,
+/// so without the pc machine's HPET the kernel finds no TSC reference and
+/// hangs.
 fn qemu_pc_linux(kernel: &str, initramfs: &str, smp: u8) -> Vec<String> {
     let smp = smp.to_string();
-    [
-        "qemu-system-x86_64",
-        "-M",
+    qemu(
         "pc",
-        "-enable-kvm",
-        "-cpu",
-        "host,arch-capabilities=off",
-        "-m",
-        "64",
-        "-smp",
-        &smp,
-        "-nodefaults",
-        "-no-user-config",
-        "-serial",
-        "stdio",
-        "-display",
-        "none",
-        "-no-reboot",
-        "-kernel",
-        kernel,
-        "-initrd",
-        initramfs,
-        "-append",
-        lwpvmm::vmm::boot::LINUX_CMDLINE,
-    ]
-    .map(String::from)
-    .to_vec()
+        &[
+            "-smp",
+            &smp,
+            "-no-reboot",
+            "-kernel",
+            kernel,
+            "-initrd",
+            initramfs,
+            "-append",
+            lwpvmm::vmm::boot::LINUX_CMDLINE,
+        ],
+    )
 }
 
 /// Boot to userspace (the kernel's `Run /init` line): seconds from the
@@ -190,10 +182,15 @@ struct Boot {
 
 fn to_userspace(args: &[String]) -> Option<Boot> {
     let (seen, console) = console_times(args, &[|l| l.contains("Run /init")]);
+    boot_of(seen[0], &console)
+}
+
+/// The boot a console shows, `wall` being when its `Run /init` line came.
+fn boot_of(wall: Option<f64>, console: &str) -> Option<Boot> {
     let line = console.lines().find(|l| l.contains("Run /init"))?;
     let stamp = line.split_once('[')?.1.split_once(']')?.0.trim();
     Some(Boot {
-        wall: seen[0]?,
+        wall: wall?,
         kernel: stamp.parse().ok()?,
     })
 }
@@ -508,7 +505,7 @@ fn linux_boot() {
     }
     // QEMU's KVM stops at the first CPL0 FWAIT that kvm_pvm's emulator
     // fails on (lwpvmm skips it), so only the boot compares.
-    let ours = to_userspace(&lwpvmm_run);
+    let ours = boot_of(l[0], &console);
     let qemu = to_userspace(&qemu_pc_linux(&kernel, &initramfs, 1));
     println!("Linux boot to userspace, seconds from start (the kernel's own clock):");
     println!("  lwpvmm        {}", show_boot(ours));

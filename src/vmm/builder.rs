@@ -122,7 +122,7 @@ pub fn build_from_snapshot(config: &RestoreConfig) -> Result<Vmm, VmError> {
     let (console, outputs) = RunOutputs::open(&config.host, snap.profile)?;
     let vcpus = check_layout(&snap)?;
     let kvm = machine::open_kvm()?;
-    check_cpuid(&kvm, &snap)?;
+    check_cpuid(&kvm, &snap, vcpus)?;
     let spec = MachineSpec {
         memory_mib: snap.memory.regions.iter().map(|r| r.1).sum::<u64>() >> 20,
         vcpus,
@@ -179,10 +179,9 @@ fn check_layout(snap: &VmSnapshot) -> Result<u8, SnapshotError> {
 }
 
 /// Refuses a snapshot whose CPUID tables differ from what this host gives
-/// the same profile.
-fn check_cpuid(kvm: &Kvm, snap: &VmSnapshot) -> Result<(), VmError> {
+/// the same profile on `count` vCPUs (from `check_layout`).
+fn check_cpuid(kvm: &Kvm, snap: &VmSnapshot, count: u8) -> Result<(), VmError> {
     let supported = machine::supported_cpuid(kvm)?;
-    let count = u8::try_from(snap.vcpus.len()).unwrap_or(u8::MAX);
     for v in &snap.vcpus {
         let here = cpuid::build(&supported, snap.profile, snap.guest, v.id, count);
         if here != v.cpuid {

@@ -80,7 +80,7 @@ pub fn apply(table: &mut Vec<CpuidEntry>, vcpu: u8, count: u8) {
                 e.eax = (e.eax & 0x3FFF) | ids_in_package.min(63) << 26 | sharing.min(0xFFF) << 14;
             }
             LEAF_ADDRESS_SIZES if amd => {
-                e.ecx = (e.ecx & !0xF0FF) | shift << 12 | (u32::from(count) - 1);
+                e.ecx = (e.ecx & !0xF0FF) | shift << 12 | u32::from(count).saturating_sub(1);
             }
             LEAF_EXT_MAX => e.eax = e.eax.max(LEAF_AMD_TOPOLOGY),
             _ => {}

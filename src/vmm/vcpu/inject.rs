@@ -19,19 +19,6 @@ use crate::lwp::fault::GuestFault;
 use crate::vmm::privilege;
 use crate::vmm::pv::{Frame, Reply};
 
-/// Whether a fault reached the guest.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Delivered {
-    /// Injected at the faulting instruction.
-    Injected,
-    /// Not yet: KVM had an event in flight, which the guest takes first at
-    /// the faulting instruction; that instruction then runs again.
-    Restarted,
-    /// The #UD frame could not be unwound: the doorbell answered "not ours"
-    /// instead (and a rate-limited warning says so).
-    NotOurs,
-}
-
 /// Injects `fault` with `regs` and `sregs` (see [`Delivery`]), counting a
 /// restart.
 pub fn fault(
@@ -39,7 +26,7 @@ pub fn fault(
     regs: &kvm_regs,
     sregs: &kvm_sregs,
     fault: GuestFault,
-) -> Result<Delivered, VcpuError> {
+) -> Result<(), VcpuError> {
     let mut sregs = *sregs;
     // KVM_SET_SREGS queues the interrupt this bitmap names as in flight.
     // The copy KVM_CAP_SYNC_REGS took at the exit may still name one that
@@ -49,23 +36,21 @@ pub fn fault(
     // kernel's SWAPGS: a double fault in Linux. KVM's own event state is
     // what is in flight (`VcpuOps::inject`).
     sregs.interrupt_bitmap = [0; 4];
-    Ok(match cx.vcpu.inject(regs, &sregs, fault)? {
-        Delivery::Injected => Delivered::Injected,
-        Delivery::Restarted => {
-            cx.metrics.fault_restarts.fetch_add(1, Ordering::Relaxed);
-            Delivered::Restarted
-        }
-    })
+    if cx.vcpu.inject(regs, &sregs, fault)? == Delivery::Restarted {
+        cx.metrics.fault_restarts.fetch_add(1, Ordering::Relaxed);
+    }
+    Ok(())
 }
 
 /// Pops the #UD frame at `regs.rsp` and injects `fault` at the instruction
-/// it describes.
+/// it describes. A frame that cannot be unwound gets the doorbell's "not
+/// ours" answer instead, with a rate-limited warning.
 pub fn after_unwind(
     cx: &mut ExitCx<'_>,
     mut regs: kvm_regs,
     mut sregs: kvm_sregs,
     fault: GuestFault,
-) -> Result<Delivered, VcpuError> {
+) -> Result<(), VcpuError> {
     let unwound = cx.vcpu.paging(&sregs).ok().and_then(|paging| {
         let view = GuestView::new(cx.mem, paging);
         let mut frame = Frame::default();
@@ -83,7 +68,7 @@ pub fn after_unwind(
         );
         regs.rflags = Reply::NotOurs.apply(regs.rflags);
         cx.vcpu.set_regs(&regs);
-        return Ok(Delivered::NotOurs);
+        return Ok(());
     };
     regs.rip = frame.rip;
     regs.rsp = frame.rsp;
