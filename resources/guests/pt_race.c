@@ -8,7 +8,7 @@
 #define W(i) (0x400000ull + (u64)(i) * 0x1000)
 #define N 400
 
-extern volatile u64 toggles_done;
+extern volatile u64 toggles_done, toggles_go;
 
 int main(void)
 {
@@ -20,6 +20,7 @@ int main(void)
     cb->buffer_size = 4096;
     cb->buffer_base = W(9);
     __llwpcb(cb);
+    toggles_go = 1;
     u32 stored = 0, missed = 0;
     for (u32 i = 0; i < N; i++) {
         if (__lwpins32(i, 0x5eed0000 | i, 0))
