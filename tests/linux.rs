@@ -13,40 +13,14 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::process::{Command, Output};
-use std::sync::OnceLock;
+
+use common::{linux, require_kvm};
 
 /// The self-test's line for /sysentry: patch 0001 (the SYSCALL quirk) runs
 /// a system call only after a real SYSCALL, and gives back only the flags a
 /// user may set.
 const SYSENTRY: &str = "ok - /sysentry: patch 0001 runs only real SYSCALLs, with user flags";
-
-fn require_kvm() {
-    assert!(
-        std::path::Path::new("/dev/kvm").exists(),
-        "this test boots a Linux VM and needs /dev/kvm, which is missing on this machine"
-    );
-}
-
-/// The directory holding vmlinux and initramfs.cpio, built on first use.
-fn linux() -> &'static PathBuf {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("linux");
-        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("resources/linux/build.sh");
-        let out = Command::new(&script)
-            .arg(&dir)
-            .output()
-            .expect("run resources/linux/build.sh");
-        assert!(
-            out.status.success(),
-            "resources/linux/build.sh failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        dir
-    })
-}
 
 fn run_linux(extra: &[&str]) -> (Output, String) {
     require_kvm();
@@ -227,15 +201,6 @@ fn a_guest_on_two_vcpus_passes_profiles_and_resumes_from_a_snapshot() {
     assert!(after.contains(ALL_PASSED), "{after}");
     assert!(!after.contains("not ok"), "{after}");
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// The uniprocessor run: the same self-test on one vCPU (an SMP kernel on
-/// one CPU runs with its lock prefixes patched out).
-#[test]
-fn the_selftest_passes_on_one_vcpu() {
-    let (out, console) = run_linux(&["--vcpus", "1"]);
-    assert_eq!(out.status.code(), Some(0), "{console}");
-    assert_selftest_passed(&console, 1);
 }
 
 /// Also the four-vCPU run (more vCPUs than this host has cores): the guest

@@ -25,6 +25,7 @@ need_packages() {
     done
     [ -f /usr/include/gelf.h ] || missing="$missing libelf-dev"
     [ -f /usr/include/openssl/ssl.h ] || missing="$missing libssl-dev"
+    command -v mke2fs >/dev/null 2>&1 || missing="$missing e2fsprogs"
     [ -z "$missing" ] && return 0
     log "installing$missing"
     SUDO=""
@@ -39,7 +40,9 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 
 VERSION=$(dpkg-query -W -f '${Version}' linux-source-6.1 2>/dev/null || echo unknown)
-KEY=$( (echo "$VERSION"; cat "$HERE/build.sh" "$HERE/lwpvmm.config" "$HERE"/patches/*.patch) |
+# The key covers the kernel's half of this script only (up to the userspace
+# marker), so that changing the programs does not rebuild the kernel.
+KEY=$( (echo "$VERSION"; sed '/^# ---- userspace ----/q' "$HERE/build.sh"; cat "$HERE/lwpvmm.config" "$HERE"/patches/*.patch) |
     sha256sum | cut -c1-16)
 TREE="$OUT/linux-source-6.1"
 # What the initramfs step needs from the kernel tree, kept when the 1.5 GB
@@ -81,6 +84,7 @@ else
     echo "$KEY" >"$OUT/vmlinux.key"
 fi
 
+# ---- userspace ----
 # The initramfs: always rebuilt, it takes a second. Static programs on the
 # kernel's nolibc, without AVX (kvm_pvm does not preserve it across guest
 # processes); the LWP programs use gcc's -mlwp intrinsics.
@@ -103,4 +107,18 @@ for src in "$HERE"/init/*.c; do
 done
 gcc -O2 -o "$OUT/gen_init_cpio" "$SUPPORT/gen_init_cpio.c"
 "$OUT/gen_init_cpio" "$OUT/initramfs.list" >"$OUT/initramfs.cpio"
-log "wrote $OUT/vmlinux and $OUT/initramfs.cpio"
+
+# The root file system image: what the initramfs holds, as ext4, built
+# without root by mke2fs -d. /dev is empty (the kernel mounts devtmpfs on
+# it: CONFIG_DEVTMPFS_MOUNT), /proc a mount point.
+ROOT="$OUT/rootfs"
+rm -rf "$ROOT" "$OUT/rootfs.ext4"
+mkdir -p "$ROOT/dev" "$ROOT/proc"
+for src in "$HERE"/init/*.c; do
+    prog=$(basename "$src" .c)
+    name=$prog
+    [ "$prog" = selftest ] && name=init
+    cp "$OUT/bin/$prog" "$ROOT/$name"
+done
+mke2fs -q -F -t ext4 -L lwpvmm-root -E root_owner=0:0 -d "$ROOT" "$OUT/rootfs.ext4" 32M
+log "wrote $OUT/vmlinux, $OUT/initramfs.cpio and $OUT/rootfs.ext4"

@@ -2,6 +2,7 @@
 //! exit statuses, and errors that name the option to fix.
 
 mod cpuid;
+mod devices;
 mod guest;
 mod report;
 
@@ -20,6 +21,7 @@ use crate::vmm::output::{OutputError, OutputKind};
 use crate::vmm::seccomp::SeccompMode;
 use crate::vmm::signals;
 use crate::vmm::snapshot::SnapshotError;
+use crate::vmm::virtio::{DiskConfig, NetConfig};
 use crate::vmm::{
     self, HostConfig, Profiling, RestoreConfig, RunOutcome, SnapshotPlan, VmConfig, VmEnd, VmError,
 };
@@ -81,10 +83,22 @@ pub struct RunArgs {
     #[arg(long)]
     pub initramfs: Option<PathBuf>,
     /// The kernel command line. The default suits the Linux guest kernel
-    /// of resources/linux (docs/linux-guest.md says why each part is there);
-    /// lwpvmm's own test guests ignore it.
-    #[arg(long, default_value = crate::vmm::boot::LINUX_CMDLINE)]
-    pub cmdline: String,
+    /// of resources/linux (docs/linux-guest.md says why each part is there)
+    /// and, with --disk, boots from the first disk (`root=/dev/vda
+    /// init=/init`); lwpvmm's own test guests ignore it. lwpvmm appends the
+    /// `virtio_mmio.device=` entries of the devices to any command line.
+    #[arg(long)]
+    pub cmdline: Option<String>,
+    /// A raw disk image as a virtio block device: PATH, or PATH,ro to
+    /// attach it read-only. Repeatable: the first is /dev/vda, the next
+    /// /dev/vdb, ...
+    #[arg(long = "disk", value_name = "PATH[,ro]", value_parser = devices::parse_disk)]
+    pub disks: Vec<DiskConfig>,
+    /// A virtio network device on an existing host tap: tap=NAME, or
+    /// tap=NAME,mac=MAC. Repeatable. lwpvmm neither creates the tap nor
+    /// bridges or routes it (README: "Networking").
+    #[arg(long = "net", value_name = "tap=NAME[,mac=MAC]", value_parser = devices::parse_net)]
+    pub nets: Vec<NetConfig>,
     /// Guest RAM in MiB.
     #[arg(long, default_value_t = crate::vmm::config::DEFAULT_MEMORY_MIB)]
     pub memory: u64,
@@ -442,12 +456,20 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
                     .as_ref()
                     .map(|p| read("initramfs", p))
                     .transpose()?,
-                cmdline: args.cmdline,
+                cmdline: args
+                    .cmdline
+                    .clone()
+                    .unwrap_or_else(|| match args.disks.first() {
+                        Some(root) => crate::vmm::boot::disk_cmdline(root.read_only),
+                        None => crate::vmm::boot::LINUX_CMDLINE.to_owned(),
+                    }),
                 memory_mib: args.memory,
                 vcpus: args.vcpus,
                 profile: args.lwp.into(),
                 guest: args.guest.into(),
                 program: None,
+                disks: args.disks.clone(),
+                nets: args.nets.clone(),
                 host: (&args.host).into(),
             };
             finish(vmm::run(&config)?)

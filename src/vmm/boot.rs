@@ -53,6 +53,12 @@ const CMDLINE_MAX: usize = 4096;
 pub const LINUX_CMDLINE: &str = "console=ttyS0 reboot=k panic=-1 rdinit=/init nopti nokaslr \
      clearcpuid=141,145,150,151,154,288,291,296,297,298,308,534,580 \
      no_timer_check noint3selftest nompscan rodata=off";
+/// The command line that boots the same kernel from the first disk
+/// (/dev/vda) instead of an initramfs, mounted read-only when the disk is.
+pub fn disk_cmdline(read_only: bool) -> String {
+    let mode = if read_only { "ro" } else { "rw" };
+    format!("{LINUX_CMDLINE} root=/dev/vda {mode} init=/init")
+}
 /// Where the kernel image starts (1 MiB); lower memory holds boot data.
 pub const KERNEL_START: u64 = 0x10_0000;
 

@@ -25,6 +25,7 @@ use super::step::StepBackend;
 use super::vcpu::Vcpu;
 use super::vcpu::VcpuOps;
 use super::vcpu_state;
+use super::virtio::VirtioBus;
 use super::vmm::Vmm;
 use crate::guard::{Access, GuestMemory, GuestView};
 use crate::lwp::cpuid::{GuestLwpSupport, LwpFeatures, LwpProfile};
@@ -67,7 +68,15 @@ pub fn build_for_boot(config: &VmConfig) -> Result<Vmm, VmError> {
         &[],
         backend_for(&kvm, config.profile, config.guest),
     )?;
-    let mut cmdline = config.cmdline.clone();
+    let virtio = VirtioBus::create(
+        &machine.vm,
+        &config.disks,
+        &config.nets,
+        &machine.vcpus[0].metrics(),
+    )?;
+    let mut cmdline = format!("{} {}", config.cmdline, virtio.cmdline())
+        .trim()
+        .to_owned();
     if let Some(program) = &config.program {
         let entry = boot::load_program(&machine.mem, program)?;
         cmdline = format!("{cmdline} entry={entry}").trim().to_owned();
@@ -80,7 +89,7 @@ pub fn build_for_boot(config: &VmConfig) -> Result<Vmm, VmError> {
         config.initramfs.as_deref(),
         config.vcpus,
     )?;
-    Vmm::new(machine, outputs, &config.host)
+    Vmm::new(machine, virtio, outputs, &config.host)
 }
 
 /// Loads a kernel, writes its boot information and sets the boot vCPU's
@@ -151,12 +160,18 @@ pub fn build_from_snapshot(config: &RestoreConfig) -> Result<Vmm, VmError> {
             .map_err(|e| VmError::VcpuState(saved.id, e))?;
     }
     snap.vm.apply(&machine.vm)?;
+    let virtio = VirtioBus::restore(
+        &machine.vm,
+        &snap.devices,
+        &machine.mem,
+        &machine.vcpus[0].metrics(),
+    )?;
     log::info!(
         "snapshot {} restored in {:.1} ms",
         config.dir.display(),
         started.elapsed().as_secs_f64() * 1e3
     );
-    Vmm::new(machine, outputs, &config.host)
+    Vmm::new(machine, virtio, outputs, &config.host)
 }
 
 /// The snapshot's vCPU count, refusing ids that are not 0..n in order.

@@ -9,6 +9,7 @@ use std::time::Duration;
 use crate::lwp::cpuid::{GuestLwpSupport, LwpProfile};
 use crate::vmm::devices::SerialOut;
 use crate::vmm::seccomp::SeccompMode;
+use crate::vmm::virtio::{DiskConfig, NetConfig};
 
 /// Guest RAM unless the caller sets it, in MiB.
 pub const DEFAULT_MEMORY_MIB: u64 = 128;
@@ -35,6 +36,10 @@ pub struct VmConfig {
     /// A user's program for the profile host guest (`lwpvmm profile`),
     /// loaded beside the kernel; its entry goes on the command line.
     pub program: Option<Vec<u8>>,
+    /// virtio block devices, in order (/dev/vda, /dev/vdb, ...).
+    pub disks: Vec<DiskConfig>,
+    /// virtio network devices on host taps.
+    pub nets: Vec<NetConfig>,
     /// Console, snapshots, seccomp, signals, sampler and trace.
     pub host: HostConfig,
 }
@@ -50,6 +55,8 @@ impl Default for VmConfig {
             profile: LwpProfile::Emulated,
             guest: GuestLwpSupport::Shim,
             program: None,
+            disks: Vec::new(),
+            nets: Vec::new(),
             host: HostConfig::default(),
         }
     }

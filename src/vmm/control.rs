@@ -30,6 +30,7 @@ use super::seccomp::{self, SeccompMode, ThreadKind};
 use super::signals::{self, StopSignals};
 use super::snapshot::{self, MemoryLayout, VmKvmState, VmSnapshot};
 use super::vcpu::{Shared, VcpuEvent, VcpuHandle, VcpuResponse, VcpuStop};
+use super::virtio::worker::DeviceThread;
 use super::vmm::{Request, RunOutcome, SnapshotInfo, VmEnd, metrics_document};
 use crate::vmm::devices::GuestEnd;
 
@@ -41,6 +42,8 @@ pub struct Control {
     pub shared: Arc<Shared>,
     /// The running vCPUs.
     pub vcpus: Vec<VcpuHandle>,
+    /// The virtio device thread, when the VM has devices.
+    pub devices: Option<DeviceThread>,
     /// Their counters.
     pub metrics: Vec<Arc<VcpuMetrics>>,
     /// The metrics file.
@@ -313,6 +316,10 @@ impl Control {
                 None => return Err(stopped()),
             }
         }
+        // After the vCPUs, so that no notification arrives once it waits.
+        if let Some(d) = &self.devices {
+            d.pause()?;
+        }
         *paused = true;
         Ok(())
     }
@@ -321,6 +328,9 @@ impl Control {
     fn resume(&mut self, paused: &mut bool) -> Result<(), String> {
         if !*paused {
             return Ok(());
+        }
+        if let Some(d) = &self.devices {
+            d.resume()?;
         }
         for h in &self.vcpus {
             h.send(VcpuEvent::Resume);
@@ -380,6 +390,7 @@ impl Control {
             }
         }
         let vm = VmKvmState::capture(&self.vm).map_err(|e| e.to_string())?;
+        let devices = self.shared.virtio.snapshot()?;
         let (serial, pm) = {
             let bus = self
                 .shared
@@ -402,6 +413,7 @@ impl Control {
             vm,
             serial,
             pm,
+            devices,
             vcpus,
         };
         let state_bytes = snapshot::write_state(dir, &state).map_err(|e| e.to_string())?;
@@ -442,6 +454,7 @@ impl Control {
         for h in &self.vcpus {
             h.send(VcpuEvent::Finish);
         }
+        let devices = self.devices.take().map(DeviceThread::finish);
         let mut first: Option<Result<GuestEnd, VmError>> = None;
         let mut lwp = Vec::new();
         for (id, h) in std::mem::take(&mut self.vcpus).into_iter().enumerate() {
@@ -457,6 +470,9 @@ impl Control {
             if first.is_none() {
                 first = r;
             }
+        }
+        if let Some(Err(e)) = devices {
+            errors.push(e.to_string());
         }
         if let Ok(mut b) = self.shared.bus.lock() {
             b.flush();

@@ -44,6 +44,9 @@ pub enum VmError {
     /// A setting that needs another one.
     #[error("{0}")]
     Config(&'static str),
+    /// A virtio device could not be set up.
+    #[error(transparent)]
+    Virtio(#[from] crate::vmm::virtio::VirtioError),
     /// A vCPU ended the VM with an error.
     #[error(transparent)]
     Vcpu(#[from] VcpuError),

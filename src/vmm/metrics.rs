@@ -82,6 +82,27 @@ counters! {
     guest_warnings,
     /// Snapshots written (counted on vCPU 0).
     snapshots,
+    /// MMIO exits (virtio registers; queue notifications do not exit).
+    exits_mmio,
+    /// virtio block reads, writes and flushes completed (the device
+    /// counters are counted on vCPU 0). A flush counts once fdatasync
+    /// returned.
+    disk_reads,
+    /// ...
+    disk_writes,
+    /// ...
+    disk_flushes,
+    /// Frames the network devices handed to the guest and took from it.
+    net_rx_frames,
+    /// ...
+    net_tx_frames,
+    /// Frames dropped: a receive buffer too small, a tap that refused one.
+    net_rx_dropped,
+    /// ...
+    net_tx_dropped,
+    /// Requests a device could not make sense of (malformed chains,
+    /// out-of-range sectors, queues outside RAM).
+    device_errors,
     /// Records the vCPU's LWP unit stored into guest rings.
     records_stored,
     /// Records it counted in MissedEvents instead.

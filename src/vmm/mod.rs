@@ -29,6 +29,7 @@ pub mod step;
 pub mod topology;
 pub mod vcpu;
 pub mod vcpu_state;
+pub mod virtio;
 #[allow(clippy::module_inception)]
 pub mod vmm;
 

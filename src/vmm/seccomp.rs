@@ -25,6 +25,8 @@ pub enum ThreadKind {
     Vcpu,
     /// The control thread: event loop, snapshots, shutdown.
     Control,
+    /// The virtio device thread: queues, disk images, taps.
+    Device,
 }
 
 /// What a filter does with a system call outside its allowlist.
@@ -107,6 +109,18 @@ const CONTROL: &[i64] = &[
     libc::SYS_tgkill,
 ];
 
+/// What the device thread adds: its event loop, the disk images (positioned
+/// reads and writes, fdatasync) and the taps (read, write).
+const DEVICE: &[i64] = &[
+    libc::SYS_epoll_ctl,
+    libc::SYS_epoll_pwait,
+    libc::SYS_epoll_wait,
+    libc::SYS_fdatasync,
+    libc::SYS_pread64,
+    libc::SYS_pwrite64,
+    libc::SYS_read,
+];
+
 const KVMIO: u32 = 0xae;
 
 // The KVM ioctls lwpvmm's threads make once they run, computed from the
@@ -176,6 +190,7 @@ pub fn ioctls(kind: ThreadKind) -> Vec<(&'static str, u64)> {
             ("KVM_GET_PIT2", KVM_GET_PIT2()),
             ("KVM_GET_CLOCK", KVM_GET_CLOCK()),
         ],
+        ThreadKind::Device => vec![],
     }
 }
 
@@ -185,6 +200,7 @@ fn build(kind: ThreadKind, mode: SeccompMode) -> Result<BpfProgram, SeccompError
     let extra: &[i64] = match kind {
         ThreadKind::Vcpu => &[],
         ThreadKind::Control => CONTROL,
+        ThreadKind::Device => DEVICE,
     };
     for &nr in COMMON.iter().chain(extra) {
         rules.insert(nr, vec![]);

@@ -30,11 +30,12 @@ pub const STATE_FILE: &str = "state.bin";
 pub const MEMORY_FILE: &str = "memory.bin";
 /// The state file's first eight bytes.
 pub const MAGIC: [u8; 8] = *b"LWPVMMST";
-/// The format version this lwpvmm writes and reads: 3 is the machine with
-/// ACPI tables, a CPUID topology and the ACPI PM registers (saved here);
+/// The format version this lwpvmm writes and reads: 4 adds the virtio
+/// devices (what each was built from, its registers and queues); 3 is the
+/// machine with ACPI tables, a CPUID topology and the ACPI PM registers;
 /// 2 added each vCPU's whole LWP state and named the profile and guest
 /// kind as enums.
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
 const HEADER_LEN: usize = 8 + 4 + 4 + 8 + 8;
 /// The largest state payload accepted (it is JSON of a few KiB per vCPU).
 const MAX_PAYLOAD: u64 = 64 << 20;
@@ -133,6 +134,8 @@ pub struct VmSnapshot {
     pub serial: SerialSnapshot,
     /// The ACPI PM registers.
     pub pm: PmState,
+    /// The virtio devices: what each was built from and its transport.
+    pub devices: Vec<crate::vmm::virtio::DeviceSnapshot>,
     /// Every vCPU.
     pub vcpus: Vec<VcpuSnapshot>,
 }
@@ -409,6 +412,7 @@ mod tests {
             },
             serial: SerialSnapshot::default(),
             pm: PmState::default(),
+            devices: Vec::new(),
             vcpus: vec![],
         }
     }

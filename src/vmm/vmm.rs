@@ -26,6 +26,8 @@ use super::metrics::{VcpuMetrics, VmCounters};
 use super::output::RunOutputs;
 use super::signals::StopSignals;
 use super::vcpu::{Shared, Vcpu, VcpuEvent, VcpuHandle, kick_handler};
+use super::virtio::VirtioBus;
+use super::virtio::worker::DeviceThread;
 use crate::lwp::cpuid::LwpFeatures;
 use crate::lwp::unit::UnitStats;
 
@@ -170,6 +172,7 @@ impl Vmm {
     /// Wraps a created (and booted or restored) machine.
     pub(super) fn new(
         machine: Machine,
+        virtio: VirtioBus,
         outputs: RunOutputs,
         host: &HostConfig,
     ) -> Result<Vmm, VmError> {
@@ -197,6 +200,7 @@ impl Vmm {
         let shared = Arc::new(Shared {
             mem,
             bus: Arc::new(Mutex::new(bus)),
+            virtio,
             stop: Default::default(),
             xsave_size,
             msr_indices,
@@ -252,6 +256,13 @@ impl Vmm {
             (sampled && hz > 0).then(|| Duration::from_nanos(1_000_000_000 / u64::from(hz)));
         let metrics: Vec<Arc<VcpuMetrics>> = self.vcpus.iter().map(Vcpu::metrics).collect();
         let seccomp = self.host.seccomp;
+        // Devices first: a vCPU may notify a queue at its first instruction.
+        let devices = DeviceThread::start(
+            &self.shared.virtio,
+            Arc::clone(&self.shared.mem),
+            Arc::clone(&metrics[0]),
+            seccomp,
+        )?;
         let mut handles: Vec<VcpuHandle> = Vec::new();
         for vcpu in self.vcpus {
             match vcpu.start(Arc::clone(&self.shared), seccomp) {
@@ -262,6 +273,9 @@ impl Vmm {
                     for h in handles {
                         h.send(VcpuEvent::Finish);
                         let _ = h.join();
+                    }
+                    if let Some(d) = devices {
+                        let _ = d.finish();
                     }
                     return Err(VmError::Thread {
                         what: "vCPU",
@@ -282,6 +296,7 @@ impl Vmm {
             vm: self.vm,
             shared: self.shared,
             vcpus: handles,
+            devices,
             metrics,
             metrics_file: self.outputs_metrics,
             spec: self.spec,

@@ -1,7 +1,39 @@
 //! What the integration tests share: running lwpvmm as a user does, on a
-//! terminal.
+//! terminal, and the Linux guest of resources/linux, built once.
 
+#![allow(dead_code)]
+
+use std::path::PathBuf;
 use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+/// Fails the test, saying why, where /dev/kvm is missing.
+pub fn require_kvm() {
+    assert!(
+        std::path::Path::new("/dev/kvm").exists(),
+        "this test boots a Linux VM and needs /dev/kvm, which is missing on this machine"
+    );
+}
+
+/// The directory holding vmlinux, initramfs.cpio and rootfs.ext4, built on
+/// first use (the kernel is cached across runs).
+pub fn linux() -> &'static PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("linux");
+        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("resources/linux/build.sh");
+        let out = Command::new(&script)
+            .arg(&dir)
+            .output()
+            .expect("run resources/linux/build.sh");
+        assert!(
+            out.status.success(),
+            "resources/linux/build.sh failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        dir
+    })
+}
 
 /// Quotes `s` for `sh`.
 fn quote(s: &str) -> String {

@@ -25,6 +25,13 @@
  * command line (the kernel hands it to /init's environment) it writes
  * lwpvmm's snapshot debug port halfway through them, so that a run with
  * --snapshot-on-port snapshots a busy SMP guest.
+ *
+ * It prints the boot's ID (/proc/sys/kernel/random/boot_id). Booted from a
+ * disk (the root is ext4), it also writes that line and the summary line to
+ * /lwp-selftest.result and flushes them to the disk before powering off.
+ *
+ * `lwpdisk=MODE` and `lwpnet=PORT` run the device programs instead of the
+ * self-test (/lwp-disk and /lwp-net, for the device tests and benchmark).
  */
 #include <linux/reboot.h>
 #include <asm/ioctls.h>
@@ -267,6 +274,54 @@ static unsigned long long kernel_cfg(const unsigned int lwp[4], int cpu)
 	return value | (unsigned long long)(cpu & 0xff) << LWP_CFG_COREID_SHIFT;
 }
 
+/* Whether `needle` occurs in `hay` (nolibc has no strstr). */
+static int contains(const char *hay, const char *needle)
+{
+	size_t n = strlen(needle);
+
+	for (; *hay; hay++)
+		if (strncmp(hay, needle, n) == 0)
+			return 1;
+	return 0;
+}
+
+/* Whether / is the ext4 of a disk rather than the initramfs. */
+static int root_is_disk(void)
+{
+	static char buf[4096];
+
+	return slurp("/proc/mounts", buf, sizeof(buf)) > 0 &&
+	       contains(buf, " / ext4 ");
+}
+
+/* Writes the boot ID and summary lines to /lwp-selftest.result and makes
+ * them durable: fsync of the file, then sync of the file system. */
+static void write_result(const char *boot_line, const char *summary_line)
+{
+	int fd = open("/lwp-selftest.result", O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	int ok = fd >= 0;
+
+	if (ok) {
+		ok = write(fd, boot_line, strlen(boot_line)) == (ssize_t)strlen(boot_line) &&
+		     write(fd, summary_line, strlen(summary_line)) ==
+			     (ssize_t)strlen(summary_line) &&
+		     fsync(fd) == 0;
+		close(fd);
+	}
+	my_syscall0(__NR_sync);
+	printf("lwp-linux-selftest: result %s /lwp-selftest.result\n",
+	       ok ? "written to" : "could not be written to");
+}
+
+/* Runs /NAME with `value` as its argument, then powers off. */
+static void device_program(const char *name, const char *value, char **envp)
+{
+	char *args[] = { (char *)name, (char *)value, 0 };
+
+	run_program(name, args, envp);
+	power_off();
+}
+
 int main(int argc, char **argv, char **envp)
 {
 	static const char *const programs[] = {
@@ -279,7 +334,7 @@ int main(int argc, char **argv, char **envp)
 	unsigned int i;
 	unsigned int ext[4] = { 0 }, lwp[4] = { 0 };
 	unsigned long long cfg = ~0ull, cbaddr = ~0ull, boot_cfg = ~0ull, value;
-	char want[64], file[64];
+	char want[64], file[64], boot_id[64], boot_line[128], summary_line[96];
 	int cpu, cpus, topology = 1, every_cfg = 1;
 
 	mount("proc", "/proc", "proc", 0, 0);
@@ -291,7 +346,16 @@ int main(int argc, char **argv, char **envp)
 		run_program(rate[0], rate, envp);
 		power_off();
 	}
+	if (env_value(envp, "lwpdisk"))
+		device_program("/lwp-disk", env_value(envp, "lwpdisk"), envp);
+	if (env_value(envp, "lwpnet"))
+		device_program("/lwp-net", env_value(envp, "lwpnet"), envp);
 	printf("LWP self-test starting\n");
+	if (slurp("/proc/sys/kernel/random/boot_id", boot_id, sizeof(boot_id)) <= 0)
+		strcpy(boot_id, "unknown\n");
+	strcpy(boot_line, "lwp-linux-selftest: boot-id ");
+	strncat(boot_line, boot_id, sizeof(boot_line) - strlen(boot_line) - 1);
+	printf("%s", boot_line);
 	cpus = online_cpus();
 	printf("lwp-linux-selftest: cpus %d\n", cpus);
 	for (cpu = 0; cpu < cpus; cpu++)
@@ -345,7 +409,14 @@ int main(int argc, char **argv, char **envp)
 		printf("LWP programs not run: CPUID 0x8000001c.EAX has no LwpAvail\n");
 	}
 
-	printf("lwp-linux-selftest: %d passed, %d failed\n", passed, failed);
+	strcpy(summary_line, "lwp-linux-selftest: ");
+	strncat(summary_line, itoa(passed), 32);
+	strncat(summary_line, " passed, ", 32);
+	strncat(summary_line, itoa(failed), 32);
+	strncat(summary_line, " failed\n", 32);
+	printf("%s", summary_line);
+	if (root_is_disk())
+		write_result(boot_line, summary_line);
 	power_off();
 	return 1;
 }

@@ -20,6 +20,7 @@ use crate::profile::trace::TraceWriter;
 use crate::vmm::devices::{PortAction, PortBus};
 use crate::vmm::metrics::VcpuMetrics;
 use crate::vmm::step::StepBackend;
+use crate::vmm::virtio::VirtioBus;
 
 /// What an exit asks for once KVM's exit data is answered.
 #[derive(Debug, Clone, PartialEq)]
@@ -49,6 +50,10 @@ pub struct Devices<'a> {
     pub id: u8,
     /// The port bus.
     pub bus: &'a Mutex<PortBus>,
+    /// The virtio devices' register windows.
+    pub virtio: &'a VirtioBus,
+    /// Guest memory (a device checks its queues at DRIVER_OK).
+    pub mem: &'a GuestMemory,
     /// The vCPU's LWP state (for the LWP MSRs).
     pub lwp: &'a mut VcpuLwp,
     /// Its counters.
@@ -129,6 +134,22 @@ pub fn handle_exit(
         }
         Ok(VcpuExit::Debug(exit)) if dev.lwp.stepper.backend() == Some(StepBackend::GuestDebug) => {
             ExitAction::Debug(exit)
+        }
+        Ok(VcpuExit::MmioRead(addr, data)) => {
+            m.exits_mmio.fetch_add(1, Ordering::Relaxed);
+            if dev.virtio.read(addr, data) {
+                ExitAction::Done
+            } else {
+                ExitAction::Unhandled(describe(&VcpuExit::MmioRead(addr, data)))
+            }
+        }
+        Ok(VcpuExit::MmioWrite(addr, data)) => {
+            m.exits_mmio.fetch_add(1, Ordering::Relaxed);
+            if dev.virtio.write(addr, data, dev.mem) {
+                ExitAction::Done
+            } else {
+                ExitAction::Unhandled(describe(&VcpuExit::MmioWrite(addr, data)))
+            }
         }
         Ok(VcpuExit::Shutdown) => ExitAction::Shutdown,
         Ok(VcpuExit::InternalError) => ExitAction::EmulationFailure,

@@ -145,6 +145,8 @@ pub struct Shared {
     pub mem: Arc<GuestMemory>,
     /// The port bus.
     pub bus: Arc<Mutex<PortBus>>,
+    /// The virtio devices' register windows.
+    pub virtio: crate::vmm::virtio::VirtioBus,
     /// Set when the VM is to stop.
     pub stop: AtomicBool,
     /// KVM_CAP_XSAVE2 of this VM.
@@ -343,6 +345,8 @@ impl Vcpu {
                 &mut Devices {
                     id,
                     bus: &shared.bus,
+                    virtio: &shared.virtio,
+                    mem: &shared.mem,
                     lwp: &mut self.lwp,
                     metrics: &self.metrics,
                 },

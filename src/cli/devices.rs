@@ -1,0 +1,110 @@
+//! The device options of `lwpvmm run`: `--disk PATH[,ro]` and
+//! `--net tap=NAME[,mac=MAC]`, parsed into the VMM's device configurations
+//! with messages that say what to write instead.
+
+use std::path::PathBuf;
+
+use crate::vmm::virtio::{DiskConfig, NetConfig};
+
+/// `PATH[,ro]`.
+pub fn parse_disk(text: &str) -> Result<DiskConfig, String> {
+    let (path, read_only) = match text.strip_suffix(",ro") {
+        Some(path) => (path, true),
+        None => (text, false),
+    };
+    if path.is_empty() {
+        return Err("expected PATH or PATH,ro (a raw disk image)".into());
+    }
+    Ok(DiskConfig {
+        path: PathBuf::from(path),
+        read_only,
+    })
+}
+
+/// `tap=NAME[,mac=MAC]`.
+pub fn parse_net(text: &str) -> Result<NetConfig, String> {
+    let mut tap = None;
+    let mut mac = None;
+    for part in text.split(',') {
+        match part.split_once('=') {
+            Some(("tap", name)) if !name.is_empty() && name.len() < 16 => {
+                tap = Some(name.to_owned())
+            }
+            Some(("tap", _)) => return Err("a tap's name is 1 to 15 characters".into()),
+            Some(("mac", m)) => mac = Some(parse_mac(m)?),
+            _ => {
+                return Err(format!(
+                    "`{part}`: expected tap=NAME[,mac=MAC], e.g. tap=tap0,mac=02:00:00:00:00:01"
+                ));
+            }
+        }
+    }
+    let tap = tap.ok_or("expected tap=NAME[,mac=MAC]: the tap is missing")?;
+    Ok(NetConfig { tap, mac })
+}
+
+/// Six hexadecimal bytes separated by colons; not a multicast address.
+fn parse_mac(text: &str) -> Result<[u8; 6], String> {
+    let bad = || format!("`{text}` is not a MAC address such as 02:00:00:00:00:01");
+    let mut mac = [0u8; 6];
+    let mut parts = text.split(':');
+    for byte in &mut mac {
+        let part = parts.next().filter(|p| p.len() == 2).ok_or_else(bad)?;
+        *byte = u8::from_str_radix(part, 16).map_err(|_| bad())?;
+    }
+    if parts.next().is_some() {
+        return Err(bad());
+    }
+    if mac[0] & 1 != 0 {
+        return Err(format!(
+            "`{text}` is a multicast address: a NIC needs a unicast one"
+        ));
+    }
+    Ok(mac)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn disks() {
+        // (option, path, read-only) or an error
+        let table: [(&str, Option<(&str, bool)>); 4] = [
+            ("root.ext4", Some(("root.ext4", false))),
+            ("/images/data.img,ro", Some(("/images/data.img", true))),
+            (",ro", None),
+            ("", None),
+        ];
+        for (text, want) in table {
+            let got = parse_disk(text).ok();
+            let got = got
+                .as_ref()
+                .map(|d| (d.path.to_str().unwrap(), d.read_only));
+            assert_eq!(got, want, "{text}");
+        }
+    }
+
+    #[test]
+    fn nets() {
+        // (option, tap, mac) or an error
+        let table: [(&str, Option<(&str, Option<[u8; 6]>)>); 8] = [
+            ("tap=tap0", Some(("tap0", None))),
+            (
+                "tap=t1,mac=02:AB:00:00:00:0f",
+                Some(("t1", Some([2, 0xab, 0, 0, 0, 0xf]))),
+            ),
+            ("tap=t1,mac=03:00:00:00:00:00", None),
+            ("tap=t1,mac=02:00:00:00:00", None),
+            ("tap=t1,mac=02:00:00:00:00:00:00", None),
+            ("mac=02:00:00:00:00:01", None),
+            ("tap=a-very-long-tap-name", None),
+            ("tap0", None),
+        ];
+        for (text, want) in table {
+            let got = parse_net(text).ok().map(|n| (n.tap, n.mac));
+            let want = want.map(|(t, m)| (t.to_owned(), m));
+            assert_eq!(got, want, "{text}");
+        }
+    }
+}
