@@ -34,6 +34,7 @@ const GUESTS: &[&str] = &[
     "cplprobe",
     "privilege",
     "pku",
+    "virtio_hostile",
 ];
 
 /// Guests that share another guest's CPL0 part: (guest, assembly source).

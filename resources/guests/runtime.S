@@ -470,7 +470,7 @@ cpuid_table:
  * test's kernel_hook may rewrite; 1-4 GiB identity-mapped supervisor-only
  * (the local APIC lives there). */
         .section .data.pagetables, "aw"
-        .globl pml4, pd1, pd2, pd3
+        .globl pml4, pdpt, pd1, pd2, pd3
         .p2align 12
 pml4:
         .quad pdpt + 0x7

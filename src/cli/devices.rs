@@ -88,7 +88,8 @@ mod tests {
     #[test]
     fn nets() {
         // (option, tap, mac) or an error
-        let table: [(&str, Option<(&str, Option<[u8; 6]>)>); 8] = [
+        type Parsed = Option<(&'static str, Option<[u8; 6]>)>;
+        let table: [(&str, Parsed); 8] = [
             ("tap=tap0", Some(("tap0", None))),
             (
                 "tap=t1,mac=02:AB:00:00:00:0f",

@@ -259,9 +259,16 @@ mod tests {
         lwp: &'a mut VcpuLwp,
         metrics: &'a VcpuMetrics,
     ) -> Devices<'a> {
+        static VIRTIO: std::sync::LazyLock<VirtioBus> =
+            std::sync::LazyLock::new(VirtioBus::default);
+        static MEM: std::sync::LazyLock<GuestMemory> = std::sync::LazyLock::new(|| {
+            GuestMemory::from_ranges(&[(vm_memory::GuestAddress(0), 0x1000)]).unwrap()
+        });
         Devices {
             id: 0,
             bus,
+            virtio: &VIRTIO,
+            mem: &MEM,
             lwp,
             metrics,
         }

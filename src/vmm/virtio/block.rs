@@ -149,7 +149,7 @@ impl Block {
     /// Checks a data transfer of `len` bytes at `sector`; its byte offset.
     fn range(&self, sector: u64, len: u64) -> Option<u64> {
         let end = sector.checked_mul(SECTOR)?.checked_add(len)?;
-        (len % SECTOR == 0 && len <= MAX_REQUEST && end <= self.sectors() * SECTOR)
+        (len.is_multiple_of(SECTOR) && len <= MAX_REQUEST && end <= self.sectors() * SECTOR)
             .then(|| sector * SECTOR)
     }
 
@@ -281,7 +281,9 @@ impl VirtioDevice for Block {
         let mut used = false;
         loop {
             queue.disable_notification(mem)?;
+            let mut popped = 0;
             while let Some(chain) = queue.pop_descriptor_chain(mem) {
+                popped += 1;
                 let head = chain.head_index();
                 let written = match self.request(chain, mem) {
                     Some(done) => {
@@ -300,6 +302,10 @@ impl VirtioDevice for Block {
             }
             if !queue.enable_notification(mem)? {
                 break;
+            }
+            // More announced, none readable: a ring no loop may spin on.
+            if popped == 0 {
+                return Err(DeviceError::Stalled);
             }
         }
         Ok(Progress {
@@ -332,7 +338,7 @@ mod tests {
     use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
     use virtio_queue::desc::{RawDescriptor, split::Descriptor};
     use virtio_queue::mock::MockSplitQueue;
-    use vm_memory::{Bytes, GuestAddress};
+    use vm_memory::{Address, Bytes, GuestAddress};
 
     /// What the fake backend saw, in order.
     #[derive(Debug, Clone, PartialEq, Eq)]
@@ -393,6 +399,7 @@ mod tests {
 
     struct Rig {
         mem: GuestMemory,
+        vq: MockSplitQueue<'static, GuestMemory>,
         queue: Queue,
         used_ring: GuestAddress,
         ops: Arc<Mutex<Vec<Op>>>,
@@ -400,8 +407,11 @@ mod tests {
     }
 
     fn rig(read_only: bool) -> Rig {
-        let mem = GuestMemory::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
-        let vq = MockSplitQueue::new(&mem, 16);
+        // The mock borrows the memory for the rig's life.
+        let mem: &'static GuestMemory = Box::leak(Box::new(
+            GuestMemory::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap(),
+        ));
+        let vq = MockSplitQueue::new(mem, 16);
         let queue: Queue = vq.create_queue().unwrap();
         let used_ring = vq.used_addr();
         let ops = Arc::new(Mutex::new(Vec::new()));
@@ -419,7 +429,8 @@ mod tests {
             Arc::new(VcpuMetrics::default()),
         );
         Rig {
-            mem,
+            mem: mem.clone(),
+            vq,
             queue,
             used_ring,
             ops,
@@ -435,8 +446,7 @@ mod tests {
             header[8..].copy_from_slice(&sector.to_le_bytes());
             self.mem.write_slice(&header, GuestAddress(HDR)).unwrap();
             self.mem.write_obj(0xffu8, GuestAddress(STATUS)).unwrap();
-            let vq = MockSplitQueue::new(&self.mem, 16);
-            vq.add_desc_chains(&chain(0, data), 0).unwrap();
+            self.vq.add_desc_chains(&chain(0, data), 0).unwrap();
             self.block
                 .notified(0, std::slice::from_mut(&mut self.queue), &self.mem)
                 .unwrap();

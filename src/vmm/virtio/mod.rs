@@ -107,6 +107,10 @@ pub enum DeviceError {
     /// A queue the device does not have.
     #[error("no queue {0}")]
     NoQueue(usize),
+    /// The available ring says chains are waiting, yet none can be read
+    /// (its index runs past the queue, or a ring entry is out of RAM).
+    #[error("the available ring announces chains that cannot be read")]
+    Stalled,
 }
 
 impl From<virtio_queue::Error> for DeviceError {

@@ -94,7 +94,9 @@ impl Net {
         let mut used = false;
         loop {
             queue.disable_notification(mem)?;
+            let mut popped = 0;
             while let Some(chain) = queue.pop_descriptor_chain(mem) {
+                popped += 1;
                 let head = chain.head_index();
                 match chain.reader(mem) {
                     Ok(mut reader) if reader.available_bytes() <= self.frame.len() => {
@@ -120,6 +122,10 @@ impl Net {
             if !queue.enable_notification(mem)? {
                 break;
             }
+            // More announced, none readable: a ring no loop may spin on.
+            if popped == 0 {
+                return Err(DeviceError::Stalled);
+            }
         }
         Ok(used)
     }
@@ -128,10 +134,15 @@ impl Net {
     /// says whether a chain was used and whether buffers remain.
     fn receive(&mut self, queue: &mut Queue, mem: &GuestMemory) -> Result<Progress, DeviceError> {
         let mut used = false;
+        let mut rechecked = false;
         loop {
             let Some(chain) = queue.pop_descriptor_chain(mem) else {
                 // Out of buffers: hear of new ones, unless some arrived.
                 if queue.enable_notification(mem)? {
+                    if rechecked {
+                        return Err(DeviceError::Stalled);
+                    }
+                    rechecked = true;
                     continue;
                 }
                 return Ok(Progress {
@@ -139,6 +150,7 @@ impl Net {
                     host_input: Some(false),
                 });
             };
+            rechecked = false;
             let head = chain.head_index();
             let n = match self.tap.recv(&mut self.frame[NET_HDR..]) {
                 Ok(n) => n,
