@@ -1,4 +1,4 @@
-//! seccomp: a thread under lwpvmm's vCPU or control filter that makes a
+//! seccomp: a thread under lwpvmm's vCPU, control or device filter that makes a
 //! system call outside its allowlist (or an ioctl request the thread does
 //! not make) stops the whole process with status 2 and a message naming the
 //! thread and the call; allowed calls go through; in `log` mode the call
@@ -22,6 +22,8 @@ const KVM_CREATE_VM: u64 = 0xae01;
 fn probe(which: &str) -> ! {
     let kind = if which.starts_with("control") {
         ThreadKind::Control
+    } else if which.starts_with("device") {
+        ThreadKind::Device
     } else {
         ThreadKind::Vcpu
     };
@@ -61,7 +63,7 @@ fn main() {
     );
     let me = std::env::current_exe().expect("current exe");
     // (probe, exit code, text on stdout or stderr)
-    let cases: [(&str, i32, &str); 7] = [
+    let cases: [(&str, i32, &str); 10] = [
         ("vcpu-allowed", 0, "alive"),
         ("vcpu-denied", 2, "seccomp: thread probe (tid "),
         (
@@ -77,6 +79,13 @@ fn main() {
         ("control-allowed", 0, "alive"),
         ("control-denied", 2, "--seccomp log"),
         ("vcpu-denied-log", 3, "survived a denied system call"),
+        ("device-allowed", 0, "alive"),
+        ("device-denied", 2, "seccomp: thread probe (tid "),
+        (
+            "device-create-vm",
+            2,
+            "made syscall 16 (ioctl, request 0xae01)",
+        ),
     ];
     let (mut passed, mut failed) = (0, 0);
     for (which, code, text) in cases {
