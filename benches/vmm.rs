@@ -601,6 +601,302 @@ fn smp() {
     }
 }
 
+/// The host's TSC rate in kHz as /proc/cpuinfo gives it: QEMU microvm's
+/// guest needs it on the command line (`tsc_early_khz=`), because it has
+/// neither a PM timer nor an HPET and on kvm_pvm its PIT calibration fails.
+fn host_tsc_khz() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    let mhz: f64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("cpu MHz"))?
+        .trim_start_matches([' ', '\t', ':'])
+        .trim()
+        .parse()
+        .ok()?;
+    Some((mhz * 1000.0) as u64)
+}
+
+/// One VMM of the devices comparison: the command that boots the Linux
+/// guest from `root` with `data` as the second disk (and `tap` as its
+/// network device, when given) on `cmdline`.
+#[derive(Clone, Copy, PartialEq)]
+enum Vmm {
+    Lwpvmm,
+    Qemu,
+}
+
+fn device_vm(
+    vmm: Vmm,
+    kernel: &str,
+    disks: &[&Path],
+    tap: Option<&str>,
+    extra: &str,
+) -> Vec<String> {
+    let cmdline = format!("{} {extra}", lwpvmm::vmm::boot::disk_cmdline(false));
+    match vmm {
+        Vmm::Lwpvmm => {
+            let mut args: Vec<String> = [
+                env!("CARGO_BIN_EXE_lwpvmm"),
+                "run",
+                "--kernel",
+                kernel,
+                "--memory",
+                "64",
+                "--cmdline",
+                &cmdline,
+            ]
+            .map(String::from)
+            .to_vec();
+            for d in disks {
+                args.extend(["--disk".into(), d.display().to_string()]);
+            }
+            if let Some(tap) = tap {
+                args.extend(["--net".into(), format!("tap={tap}")]);
+            }
+            args
+        }
+        Vmm::Qemu => {
+            let khz = host_tsc_khz().unwrap_or(2_000_000);
+            let append = format!("{cmdline} tsc_early_khz={khz}");
+            let mut extra: Vec<String> = ["-no-reboot", "-kernel", kernel, "-append", &append]
+                .map(String::from)
+                .to_vec();
+            for (i, d) in disks.iter().enumerate() {
+                extra.extend([
+                    "-drive".into(),
+                    format!("id=d{i},file={},format=raw,if=none", d.display()),
+                    "-device".into(),
+                    format!("virtio-blk-device,drive=d{i}"),
+                ]);
+            }
+            if let Some(tap) = tap {
+                extra.extend([
+                    "-netdev".into(),
+                    format!("tap,id=n0,ifname={tap},script=no,downscript=no"),
+                    "-device".into(),
+                    "virtio-net-device,netdev=n0,mac=02:4c:57:50:00:01".into(),
+                ]);
+            }
+            let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+            qemu("microvm,x-option-roms=off,rtc=off", &extra)
+        }
+    }
+}
+
+/// The disk benchmark's three timings in seconds (host clock, from the
+/// guest's `start` line to its result line): seq-write, seq-read,
+/// randread.
+fn disk_times(vmm: Vmm, kernel: &str, root: &Path, dir: &Path) -> Option<[f64; 3]> {
+    let root_copy = dir.join("root.ext4");
+    let data = dir.join("data.img");
+    std::fs::copy(root, &root_copy).ok()?;
+    std::fs::write(&data, vec![0u8; 8 << 20]).ok()?;
+    let args = device_vm(
+        vmm,
+        kernel,
+        &[&root_copy, &data],
+        None,
+        "lwpdisk=seq-write,seq-read,randread",
+    );
+    let markers: [fn(&str) -> bool; 6] = [
+        |l| l.contains("lwp-disk: start seq-write"),
+        |l| l.starts_with("lwp-disk: seq-write "),
+        |l| l.contains("lwp-disk: start seq-read"),
+        |l| l.starts_with("lwp-disk: seq-read "),
+        |l| l.contains("lwp-disk: start randread"),
+        |l| l.starts_with("lwp-disk: randread "),
+    ];
+    let (seen, _) = console_times(&args, &markers);
+    let t = |i: usize| Some(seen[i + 1]? - seen[i]?);
+    Some([t(0)?, t(2)?, t(4)?])
+}
+
+/// A network namespace with a tap for the TCP benchmark, removed on drop.
+struct BenchNetns(String);
+
+impl BenchNetns {
+    fn create() -> Option<BenchNetns> {
+        let name = format!("lwpvmm-bench-{}", std::process::id());
+        let ns = BenchNetns(name.clone());
+        let steps: [&[&str]; 4] = [
+            &["netns", "add", &name],
+            &[
+                "-n",
+                &name,
+                "tuntap",
+                "add",
+                "dev",
+                "benchtap0",
+                "mode",
+                "tap",
+            ],
+            &[
+                "-n",
+                &name,
+                "addr",
+                "add",
+                "172.29.0.1/24",
+                "dev",
+                "benchtap0",
+            ],
+            &["-n", &name, "link", "set", "benchtap0", "up"],
+        ];
+        for step in steps {
+            let ok = Command::new("ip")
+                .args(step)
+                .output()
+                .is_ok_and(|o| o.status.success());
+            if !ok {
+                return None;
+            }
+        }
+        Some(ns)
+    }
+}
+
+impl Drop for BenchNetns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "delete", &self.0])
+            .output();
+    }
+}
+
+/// Bytes the host sends the guest's TCP sink.
+const TCP_BYTES: usize = 4 << 20;
+
+/// Seconds from the host's connect to the guest's answer after it received
+/// TCP_BYTES, the VMM running in `ns`.
+fn tcp_time(vmm: Vmm, kernel: &str, root: &Path, dir: &Path, ns: &BenchNetns) -> Option<f64> {
+    use std::io::{Read, Write};
+    let root_copy = dir.join("net-root.ext4");
+    std::fs::copy(root, &root_copy).ok()?;
+    let args = device_vm(
+        vmm,
+        kernel,
+        &[&root_copy],
+        Some("benchtap0"),
+        "ip=172.29.0.2::172.29.0.1:255.255.255.0::eth0:off lwpnet=7777",
+    );
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", &ns.0])
+        .args(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    let stdout = child.stdout.take()?;
+    let listening = BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok)
+        .take(5000)
+        .any(|l| l.contains("lwp-net: listening"));
+    let file = std::fs::File::open(format!("/run/netns/{}", ns.0)).ok()?;
+    let result = listening
+        .then(|| {
+            std::thread::spawn(move || -> Option<f64> {
+                nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).ok()?;
+                let addr = "172.29.0.2:7777".parse().ok()?;
+                let started = Instant::now();
+                let mut s =
+                    std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(30)).ok()?;
+                s.set_read_timeout(Some(Duration::from_secs(120))).ok()?;
+                s.write_all(&vec![0x42u8; TCP_BYTES]).ok()?;
+                s.shutdown(std::net::Shutdown::Write).ok()?;
+                let mut reply = String::new();
+                s.read_to_string(&mut reply).ok()?;
+                reply
+                    .contains(&format!("received {TCP_BYTES} bytes"))
+                    .then(|| started.elapsed().as_secs_f64())
+            })
+            .join()
+            .ok()
+            .flatten()
+        })
+        .flatten();
+    let _ = child.kill();
+    let _ = child.wait();
+    result
+}
+
+fn devices() {
+    let Some((kernel, _)) = linux_guest() else {
+        println!("devices: resources/linux/build.sh failed: skipped");
+        return;
+    };
+    if !has_qemu() {
+        println!("devices: qemu not installed (apt-get install qemu-system-x86): no comparison");
+        return;
+    }
+    let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("linux/rootfs.ext4");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bench-devices");
+    let _ = std::fs::create_dir_all(&dir);
+    const RUNS: usize = 5;
+    let mut disk: [[Vec<f64>; 3]; 2] = Default::default();
+    let mut tcp: [Vec<f64>; 2] = Default::default();
+    let ns = BenchNetns::create();
+    for run in 0..RUNS {
+        for (i, vmm) in [Vmm::Lwpvmm, Vmm::Qemu].into_iter().enumerate() {
+            if let Some(times) = disk_times(vmm, &kernel, &root, &dir) {
+                for (k, t) in times.into_iter().enumerate() {
+                    disk[i][k].push(t);
+                }
+            }
+            if let Some(ns) = &ns
+                && let Some(t) = tcp_time(vmm, &kernel, &root, &dir, ns)
+            {
+                tcp[i].push(t);
+            }
+        }
+        eprintln!("devices: run {} of {RUNS} done", run + 1);
+    }
+    let mb = |bytes: f64, secs: f64| bytes / secs / 1e6;
+    let names = ["seq-write", "seq-read", "4k-randread"];
+    let bytes = [8.0 * 1048576.0, 8.0 * 1048576.0, 512.0 * 4096.0];
+    println!("devices, median of {RUNS} runs (MB/s in the guest's I/O, host clock):");
+    let mut ratios = [None; 3];
+    for k in 0..3 {
+        if disk[0][k].is_empty() || disk[1][k].is_empty() {
+            println!("  disk {}: a VMM gave no timing", names[k]);
+            continue;
+        }
+        let (l, q) = (median(disk[0][k].clone()), median(disk[1][k].clone()));
+        println!(
+            "  disk {:<12} lwpvmm {:7.2} MB/s  qemu microvm {:7.2} MB/s",
+            names[k],
+            mb(bytes[k], l),
+            mb(bytes[k], q)
+        );
+        ratios[k] = Some(q / l);
+    }
+    let show = |r: Option<f64>| r.map_or("-".into(), |r| format!("{r:.2}"));
+    println!("disk seq-read lwpvmm/qemu = {}", show(ratios[1]));
+    println!("disk seq-write lwpvmm/qemu = {}", show(ratios[0]));
+    println!("disk 4k-randread lwpvmm/qemu = {}", show(ratios[2]));
+    let tcp_ratio = if tcp[0].is_empty() || tcp[1].is_empty() {
+        println!(
+            "  tcp: {}",
+            if ns.is_none() {
+                "no network namespace and tap (run as root): no comparison"
+            } else {
+                "a VMM gave no timing"
+            }
+        );
+        None
+    } else {
+        let (l, q) = (median(tcp[0].clone()), median(tcp[1].clone()));
+        println!(
+            "  tcp host-to-guest {} MiB: lwpvmm {:.2} MB/s  qemu microvm {:.2} MB/s",
+            TCP_BYTES >> 20,
+            mb(TCP_BYTES as f64, l),
+            mb(TCP_BYTES as f64, q)
+        );
+        Some(q / l)
+    };
+    println!("net tcp host-to-guest lwpvmm/qemu = {}", show(tcp_ratio));
+    println!("  (ratios are throughput: lwpvmm's over QEMU's; above 1.0 lwpvmm is faster)");
+}
+
 fn main() {
     if !std::path::Path::new("/dev/kvm").exists() {
         eprintln!("the VMM benchmarks need /dev/kvm, which is missing");
@@ -616,7 +912,7 @@ fn main() {
         .skip(1)
         .filter(|a| !a.starts_with('-'))
         .collect();
-    let sections: [(&str, fn()); 7] = [
+    let sections: [(&str, fn()); 8] = [
         ("round_trips", round_trips),
         ("starts", starts),
         ("snapshots", snapshots),
@@ -624,6 +920,7 @@ fn main() {
         ("precise", precise),
         ("linux_boot", linux_boot),
         ("smp", smp),
+        ("devices", devices),
     ];
     for (name, section) in sections {
         if filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str())) {

@@ -16,7 +16,11 @@ const ERROR_STATUS: u8 = 2;
 /// logger's default asks the terminal on every line, a system call the
 /// seccomp filters of lwpvmm's threads rightly do not allow. `RUST_LOG`
 /// sets the level (default: warnings), `RUST_LOG_STYLE` (`auto`, `always`,
-/// `never`) the colours, and `NO_COLOR` turns them off.
+/// `never`) the colours, and `NO_COLOR` turns them off. The virtio-queue
+/// crate's own log lines are off whatever `RUST_LOG` says: a guest triggers
+/// them (a bad ring address, a descriptor index past the queue) and the
+/// crate does not limit them; lwpvmm counts those events (`device_errors`)
+/// and logs a device's failure itself, rate-limited.
 fn init_logging() {
     let colour = match std::env::var("RUST_LOG_STYLE").as_deref() {
         Ok("always") => true,
@@ -30,6 +34,7 @@ fn init_logging() {
             env_logger::WriteStyle::Never
         })
         .target(env_logger::Target::Pipe(Box::new(Stderr)))
+        .filter_module("virtio_queue", log::LevelFilter::Off)
         .init();
 }
 

@@ -13,6 +13,7 @@ use virtio_bindings::virtio_config::{
 };
 use virtio_bindings::virtio_mmio::{VIRTIO_MMIO_INT_CONFIG, VIRTIO_MMIO_INT_VRING};
 use virtio_queue::{Queue, QueueState, QueueT};
+use vm_memory::GuestAddress;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::{DeviceError, DeviceSpec, VirtioError};
@@ -168,6 +169,18 @@ pub struct TransportState {
     pub config_generation: u32,
     /// Every queue.
     pub queues: Vec<SavedQueue>,
+}
+
+/// `address` with its high (or low) 32 bits replaced by `v`. The queue's
+/// own checked setters take the result: a misaligned address is refused
+/// there without a log line (the unchecked setters log each refusal, which
+/// a guest could repeat at will).
+fn halves(address: u64, high: bool, v: u32) -> GuestAddress {
+    GuestAddress(if high {
+        address & 0xffff_ffff | u64::from(v) << 32
+    } else {
+        address & !0xffff_ffff | u64::from(v)
+    })
 }
 
 /// One virtio-mmio device: its registers, its queues and the device.
@@ -348,7 +361,9 @@ impl MmioTransport {
             REG_QUEUE_SEL => self.regs.queue_sel = v,
             REG_QUEUE_NUM => {
                 if let Some(q) = self.selected() {
-                    q.set_size(v as u16);
+                    // A size the queue refuses (not a power of two, too
+                    // big) leaves the old one, which DRIVER_OK then checks.
+                    let _ = q.try_set_size(v as u16);
                 }
             }
             REG_QUEUE_READY => {
@@ -357,21 +372,21 @@ impl MmioTransport {
                 }
             }
             REG_QUEUE_DESC_LOW | REG_QUEUE_DESC_HIGH => {
-                let high = offset == REG_QUEUE_DESC_HIGH;
                 if let Some(q) = self.selected() {
-                    q.set_desc_table_address((!high).then_some(v), high.then_some(v));
+                    let a = halves(q.desc_table(), offset == REG_QUEUE_DESC_HIGH, v);
+                    let _ = q.try_set_desc_table_address(a);
                 }
             }
             REG_QUEUE_AVAIL_LOW | REG_QUEUE_AVAIL_HIGH => {
-                let high = offset == REG_QUEUE_AVAIL_HIGH;
                 if let Some(q) = self.selected() {
-                    q.set_avail_ring_address((!high).then_some(v), high.then_some(v));
+                    let a = halves(q.avail_ring(), offset == REG_QUEUE_AVAIL_HIGH, v);
+                    let _ = q.try_set_avail_ring_address(a);
                 }
             }
             REG_QUEUE_USED_LOW | REG_QUEUE_USED_HIGH => {
-                let high = offset == REG_QUEUE_USED_HIGH;
                 if let Some(q) = self.selected() {
-                    q.set_used_ring_address((!high).then_some(v), high.then_some(v));
+                    let a = halves(q.used_ring(), offset == REG_QUEUE_USED_HIGH, v);
+                    let _ = q.try_set_used_ring_address(a);
                 }
             }
             // Only reached when the ioeventfd is not there (it always is
@@ -488,7 +503,6 @@ impl MmioTransport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vm_memory::GuestAddress;
 
     struct Dummy;
 

@@ -234,6 +234,17 @@ fn open_disk(
 
 /// Opens a tap and builds its device.
 fn open_net(tap: &str, mac: [u8; 6], metrics: &Arc<VcpuMetrics>) -> Result<Net, VirtioError> {
+    // TUNSETIFF would create a tap of that name, unconnected and gone at
+    // exit, where a name is mistyped: lwpvmm only opens existing taps.
+    if nix::net::if_::if_nametoindex(tap).is_err() {
+        return Err(VirtioError::Tap {
+            tap: tap.to_owned(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "no network interface of that name in this network namespace",
+            ),
+        });
+    }
     let iface = net::open_tap(tap).map_err(|source| VirtioError::Tap {
         tap: tap.to_owned(),
         source,
@@ -502,6 +513,21 @@ mod tests {
                 .unwrap();
             assert!(err.to_string().contains(message), "{err}");
         }
+        // A snapshot's devices restore on a new VM; an image whose length
+        // changed since is refused, naming both lengths.
+        let saved = bus.snapshot().unwrap();
+        let other = kvm.create_vm().unwrap();
+        other.create_irq_chip().unwrap();
+        let back = VirtioBus::restore(&other, &saved, &mem, &metrics).unwrap();
+        assert_eq!(back.snapshot().unwrap(), saved);
+        std::fs::write(&a, vec![0u8; 8192]).unwrap();
+        let third = kvm.create_vm().unwrap();
+        third.create_irq_chip().unwrap();
+        let err = VirtioBus::restore(&third, &saved, &mem, &metrics)
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("was 4096 bytes"), "{err}");
+        assert!(err.to_string().contains("8192 now"), "{err}");
         let many = vec![disks[0].clone(); MAX_DEVICES + 1];
         assert!(matches!(
             VirtioBus::create(&vm, &many, &[], &metrics),
