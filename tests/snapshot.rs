@@ -142,8 +142,8 @@ fn snapshot_restore_and_refusals() {
 
     // A newer format version, and the older one this lwpvmm no longer reads.
     for (version, want) in [
-        (4, "format version 4 is not supported"),
-        (2, "restore it with the lwpvmm that wrote it"),
+        (5, "format version 5 is not supported"),
+        (3, "restore it with the lwpvmm that wrote it"),
     ] {
         let bad = copy_dir(&dir, "version");
         let mut bytes = std::fs::read(bad.join(STATE_FILE)).unwrap();
