@@ -96,7 +96,7 @@ pub struct RunArgs {
     pub disks: Vec<DiskConfig>,
     /// A virtio network device on an existing host tap: tap=NAME, or
     /// tap=NAME,mac=MAC. Repeatable. lwpvmm neither creates the tap nor
-    /// bridges or routes it (README: "Networking").
+    /// bridges or routes it (README: "Disks and networks").
     #[arg(long = "net", value_name = "tap=NAME[,mac=MAC]", value_parser = devices::parse_net)]
     pub nets: Vec<NetConfig>,
     /// Guest RAM in MiB.

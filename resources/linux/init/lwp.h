@@ -8,6 +8,7 @@
 #define LWPVMM_LINUX_LWP_H
 
 #include <x86intrin.h>
+#include <asm/ioctls.h>
 
 #define LWP_AVAIL (1u << 0)
 #define LWP_VAL (1u << 1)
@@ -57,14 +58,18 @@ static int passed, failed;
 
 static __attribute__((unused)) void check(const char *name, int ok)
 {
-	/* One write per line, so that a kernel message on the console is
-	 * unlikely to land inside it. */
+	/* One write per line, drained before the next step (TCSBRK with 1 is
+	 * tcdrain()): the tty writes the line out from a worker, maybe on
+	 * another CPU, and a kernel message that the next step causes (the
+	 * msr driver's warning, a segfault report) would otherwise land
+	 * inside it. */
 	char line[160] = CHECK_INDENT;
 
 	strncat(line, ok ? "ok - " : "not ok - ", 9);
 	strncat(line, name, sizeof(line) - strlen(line) - 2);
 	strncat(line, "\n", 1);
 	write(1, line, strlen(line));
+	ioctl(1, TCSBRK, (void *)1);
 	if (ok)
 		passed++;
 	else
