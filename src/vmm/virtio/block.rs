@@ -24,7 +24,7 @@ use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::{DescriptorChain, Queue, QueueT};
 
-use super::mmio::{Progress, VirtioDevice};
+use super::mmio::{CHAINS_PER_CALL, Progress, VirtioDevice};
 use super::{DeviceError, DeviceSpec};
 use crate::guard::GuestMemory;
 use crate::vmm::metrics::VcpuMetrics;
@@ -279,11 +279,13 @@ impl VirtioDevice for Block {
     ) -> Result<Progress, DeviceError> {
         let queue = queues.get_mut(index).ok_or(DeviceError::NoQueue(index))?;
         let mut used = false;
+        let mut total = 0;
         loop {
             queue.disable_notification(mem)?;
             let mut popped = 0;
             while let Some(chain) = queue.pop_descriptor_chain(mem) {
                 popped += 1;
+                total += 1;
                 let head = chain.head_index();
                 let written = match self.request(chain, mem) {
                     Some(done) => {
@@ -299,6 +301,13 @@ impl VirtioDevice for Block {
                 };
                 queue.add_used(mem, head, written)?;
                 used = true;
+                if total >= CHAINS_PER_CALL {
+                    return Ok(Progress {
+                        interrupt: queue.needs_notification(mem)?,
+                        host_input: None,
+                        again: true,
+                    });
+                }
             }
             if !queue.enable_notification(mem)? {
                 break;
@@ -311,6 +320,7 @@ impl VirtioDevice for Block {
         Ok(Progress {
             interrupt: used && queue.needs_notification(mem)?,
             host_input: None,
+            again: false,
         })
     }
 

@@ -62,7 +62,14 @@ pub struct Progress {
     /// from now on (a network device with receive buffers to fill, or
     /// without); `None` leaves it as it is.
     pub host_input: Option<bool>,
+    /// The queue still has chains: the device stopped at its per-call
+    /// limit (a ring the device's own writes keep refilling must not hold
+    /// the device thread), and the thread notifies the queue again.
+    pub again: bool,
 }
+
+/// Most chains a device takes from one queue in one call.
+pub const CHAINS_PER_CALL: usize = 1024;
 
 /// A virtio device behind the transport: its identity, features,
 /// configuration space and request paths.
@@ -493,6 +500,7 @@ impl MmioTransport {
             return Ok(Progress {
                 interrupt: false,
                 host_input: Some(false),
+                again: false,
             });
         }
         let r = self.device.host_input(&mut self.queues, mem);
@@ -530,6 +538,7 @@ mod tests {
             Ok(Progress {
                 interrupt: true,
                 host_input: None,
+                again: false,
             })
         }
         fn host_input(

@@ -21,7 +21,7 @@ use virtio_bindings::virtio_net::VIRTIO_NET_F_MAC;
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 
-use super::mmio::{Progress, VirtioDevice};
+use super::mmio::{CHAINS_PER_CALL, Progress, VirtioDevice};
 use super::{DeviceError, DeviceSpec};
 use crate::guard::GuestMemory;
 use crate::vmm::metrics::VcpuMetrics;
@@ -89,14 +89,21 @@ impl Net {
         }
     }
 
-    /// Sends every frame the guest posted; true when a chain was used.
-    fn transmit(&mut self, queue: &mut Queue, mem: &GuestMemory) -> Result<bool, DeviceError> {
+    /// Sends the frames the guest posted, up to the per-call limit: whether
+    /// a chain was used, and whether the limit stopped it.
+    fn transmit(
+        &mut self,
+        queue: &mut Queue,
+        mem: &GuestMemory,
+    ) -> Result<(bool, bool), DeviceError> {
         let mut used = false;
+        let mut total = 0;
         loop {
             queue.disable_notification(mem)?;
             let mut popped = 0;
             while let Some(chain) = queue.pop_descriptor_chain(mem) {
                 popped += 1;
+                total += 1;
                 let head = chain.head_index();
                 match chain.reader(mem) {
                     Ok(mut reader) if reader.available_bytes() <= self.frame.len() => {
@@ -118,6 +125,9 @@ impl Net {
                 }
                 queue.add_used(mem, head, 0)?;
                 used = true;
+                if total >= CHAINS_PER_CALL {
+                    return Ok((used, true));
+                }
             }
             if !queue.enable_notification(mem)? {
                 break;
@@ -127,7 +137,7 @@ impl Net {
                 return Err(DeviceError::Stalled);
             }
         }
-        Ok(used)
+        Ok((used, false))
     }
 
     /// Fills posted receive buffers from the tap until either runs out;
@@ -135,7 +145,7 @@ impl Net {
     fn receive(&mut self, queue: &mut Queue, mem: &GuestMemory) -> Result<Progress, DeviceError> {
         let mut used = false;
         let mut rechecked = false;
-        loop {
+        for _ in 0..CHAINS_PER_CALL {
             let Some(chain) = queue.pop_descriptor_chain(mem) else {
                 // Out of buffers: hear of new ones, unless some arrived.
                 if queue.enable_notification(mem)? {
@@ -148,6 +158,7 @@ impl Net {
                 return Ok(Progress {
                     interrupt: used && queue.needs_notification(mem)?,
                     host_input: Some(false),
+                    again: false,
                 });
             };
             rechecked = false;
@@ -160,6 +171,7 @@ impl Net {
                     return Ok(Progress {
                         interrupt: used && queue.needs_notification(mem)?,
                         host_input: Some(true),
+                        again: false,
                     });
                 }
                 Err(_) => 0,
@@ -189,6 +201,12 @@ impl Net {
             queue.add_used(mem, head, written as u32)?;
             used = true;
         }
+        // The limit: the tap stays polled, so the thread comes back.
+        Ok(Progress {
+            interrupt: used && queue.needs_notification(mem)?,
+            host_input: Some(true),
+            again: false,
+        })
     }
 }
 
@@ -227,11 +245,12 @@ impl VirtioDevice for Net {
             RX => self.host_input(queues, mem),
             TX => {
                 let queue = queues.get_mut(TX).ok_or(DeviceError::NoQueue(TX))?;
-                let sent = self.transmit(queue, mem)?;
+                let (sent, again) = self.transmit(queue, mem)?;
                 Ok(Progress {
                     interrupt: sent && queue.needs_notification(mem)?,
                     // Transmitting says nothing about receive buffers.
                     host_input: None,
+                    again,
                 })
             }
             other => Err(DeviceError::NoQueue(other)),

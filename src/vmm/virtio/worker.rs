@@ -88,9 +88,11 @@ impl Loop {
         }
     }
 
+    /// Runs `what` on device `slot` (for a notification of `queue`).
     fn run_device(
         &mut self,
         slot: usize,
+        queue: Option<usize>,
         ops: &mut EventOps,
         what: impl FnOnce(&mut MmioTransport, &GuestMemory) -> Result<Progress, super::DeviceError>,
     ) {
@@ -102,7 +104,15 @@ impl Loop {
             Err(_) => return,
         };
         match result {
-            Ok(progress) => self.poll_tap(slot, progress, ops),
+            Ok(progress) => {
+                // Stopped at its limit: come back after the other events.
+                if progress.again
+                    && let Some(fd) = queue.and_then(|q| self.devices.get(slot)?.notify.get(q))
+                {
+                    let _ = fd.write(1);
+                }
+                self.poll_tap(slot, progress, ops)
+            }
             Err(e) => {
                 guest_warn!(
                     self.metrics.device_errors,
@@ -150,14 +160,14 @@ impl MutEventSubscriber for Loop {
         }
         if data & TAP != 0 {
             let slot = (data & 0xffff) as usize;
-            self.run_device(slot, ops, |t, mem| t.host_input(mem));
+            self.run_device(slot, None, ops, |t, mem| t.host_input(mem));
             return;
         }
         let (slot, queue) = ((data >> 16) as usize, (data & 0xffff) as usize);
         if let Some(fd) = self.devices.get(slot).and_then(|d| d.notify.get(queue)) {
             let _ = fd.read();
         }
-        self.run_device(slot, ops, |t, mem| t.notified(queue, mem));
+        self.run_device(slot, Some(queue), ops, |t, mem| t.notified(queue, mem));
     }
 
     fn init(&mut self, ops: &mut EventOps) {
