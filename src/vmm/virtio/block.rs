@@ -24,7 +24,7 @@ use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::{DescriptorChain, Queue, QueueT};
 
-use super::mmio::{CHAINS_PER_CALL, Progress, VirtioDevice};
+use super::mmio::{CHAINS_PER_CALL, Progress, VirtioDevice, read_space};
 use super::{DeviceError, DeviceSpec};
 use crate::guard::GuestMemory;
 use crate::vmm::metrics::VcpuMetrics;
@@ -261,14 +261,7 @@ impl VirtioDevice for Block {
         config[..8].copy_from_slice(&self.sectors().to_le_bytes());
         config[8..12].copy_from_slice(&SIZE_MAX.to_le_bytes());
         config[12..16].copy_from_slice(&SEG_MAX.to_le_bytes());
-        for (i, b) in data.iter_mut().enumerate() {
-            *b = usize::try_from(offset)
-                .ok()
-                .and_then(|o| o.checked_add(i))
-                .and_then(|o| config.get(o))
-                .copied()
-                .unwrap_or(0);
-        }
+        read_space(&config, offset, data);
     }
 
     fn notified(

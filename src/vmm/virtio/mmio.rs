@@ -178,6 +178,20 @@ pub struct TransportState {
     pub queues: Vec<SavedQueue>,
 }
 
+/// Reads `data.len()` bytes of `space` from `offset`; bytes past its end
+/// (or an offset no index can reach) read as zero, as virtio's unused
+/// configuration fields do.
+pub fn read_space(space: &[u8], offset: u64, data: &mut [u8]) {
+    for (i, b) in data.iter_mut().enumerate() {
+        *b = usize::try_from(offset)
+            .ok()
+            .and_then(|o| o.checked_add(i))
+            .and_then(|o| space.get(o))
+            .copied()
+            .unwrap_or(0);
+    }
+}
+
 /// `address` with its high (or low) 32 bits replaced by `v`. The queue's
 /// own checked setters take the result: a misaligned address is refused
 /// there without a log line (the unchecked setters log each refusal, which
@@ -333,10 +347,7 @@ impl MmioTransport {
             _ => 0,
         };
         // Registers are 32 bits wide; a narrower read gets the low bytes.
-        let bytes = value.to_le_bytes();
-        for (i, b) in data.iter_mut().enumerate() {
-            *b = bytes.get(i).copied().unwrap_or(0);
-        }
+        read_space(&value.to_le_bytes(), 0, data);
     }
 
     /// A guest write at `offset`; `mem` checks the queues at DRIVER_OK.

@@ -21,7 +21,7 @@ use virtio_bindings::virtio_net::VIRTIO_NET_F_MAC;
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 
-use super::mmio::{CHAINS_PER_CALL, Progress, VirtioDevice};
+use super::mmio::{CHAINS_PER_CALL, Progress, VirtioDevice, read_space};
 use super::{DeviceError, DeviceSpec};
 use crate::guard::GuestMemory;
 use crate::vmm::metrics::VcpuMetrics;
@@ -225,14 +225,7 @@ impl VirtioDevice for Net {
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
         // virtio_net_config: mac only (no STATUS, no MQ, no MTU).
-        for (i, b) in data.iter_mut().enumerate() {
-            *b = usize::try_from(offset)
-                .ok()
-                .and_then(|o| o.checked_add(i))
-                .and_then(|o| self.mac.get(o))
-                .copied()
-                .unwrap_or(0);
-        }
+        read_space(&self.mac, offset, data);
     }
 
     fn notified(
