@@ -1,5 +1,6 @@
 //! The architectural exceptions the emulated LWP unit can raise, in the form
-//! the VMM injects them into the guest.
+//! the VMM injects them into the guest, and the one the VMM raises for an
+//! instruction kvm_pvm's emulator cannot run (a CPL0 INT3).
 
 use std::fmt;
 
@@ -19,6 +20,9 @@ pub const PF_PROTECTION_KEY: u32 = 1 << 5;
 /// An exception the guest receives as if the LWP instruction had raised it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum GuestFault {
+    /// #BP: not an LWP fault, the trap of a CPL0 INT3 that KVM's emulator
+    /// could not run (injected with RIP past the INT3, as the CPU pushes it).
+    Breakpoint,
     /// #UD.
     InvalidOpcode,
     /// #GP(0).
@@ -36,6 +40,7 @@ impl GuestFault {
     /// The exception vector.
     pub fn vector(self) -> u8 {
         match self {
+            GuestFault::Breakpoint => 3,
             GuestFault::InvalidOpcode => 6,
             GuestFault::GeneralProtection => 13,
             GuestFault::PageFault { .. } => 14,
@@ -45,7 +50,7 @@ impl GuestFault {
     /// The error code pushed with the exception, if the vector has one.
     pub fn error_code(self) -> Option<u32> {
         match self {
-            GuestFault::InvalidOpcode => None,
+            GuestFault::Breakpoint | GuestFault::InvalidOpcode => None,
             GuestFault::GeneralProtection => Some(0),
             GuestFault::PageFault { error_code, .. } => Some(error_code),
         }
@@ -55,6 +60,7 @@ impl GuestFault {
 impl fmt::Display for GuestFault {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            GuestFault::Breakpoint => f.write_str("#BP"),
             GuestFault::InvalidOpcode => f.write_str("#UD"),
             GuestFault::GeneralProtection => f.write_str("#GP(0)"),
             GuestFault::PageFault {
@@ -76,6 +82,7 @@ mod tests {
             error_code: PF_USER | PF_WRITE,
         };
         let table = [
+            (GuestFault::Breakpoint, 3, None, "#BP"),
             (GuestFault::InvalidOpcode, 6, None, "#UD"),
             (GuestFault::GeneralProtection, 13, Some(0), "#GP(0)"),
             (pf, 14, Some(6), "#PF(address 0x1000, error code 0x6)"),

@@ -1,11 +1,15 @@
 //! The CPUID table a VM receives: KVM's supported CPUID with the LWP profile
 //! applied, the topology of each vCPU (topology.rs), and lwpvmm's hypervisor leaves at
-//! 0x4000_0100 (KVM's own 0x4000_0000 leaves stay as KVM reports them).
+//! 0x4000_0100-0x4000_0102 (KVM's own 0x4000_0000 leaves stay as KVM reports
+//! them).
 //!
 //! Pure policy: it works on plain entries, so it is tested without KVM.
 
 use super::pv::{EXIT_PORT, UD_PORT};
-use super::pv::{LEAF_PV_BASE, LEAF_PV_INFO, PV_ABI_VERSION, PV_SIGNATURE, PvFeatures};
+use super::pv::{
+    LEAF_PV_BASE, LEAF_PV_INFO, LEAF_PV_LINES, PV_ABI_VERSION, PV_SIGNATURE, PvFeatures,
+    THRESHOLD_GSI, THRESHOLD_LINES,
+};
 use super::topology;
 use crate::lwp::cpuid::{
     CpuidEntry, EXT_FEATURES_ECX_LWP, GuestLwpSupport, LEAF_EXT_FEATURES, LEAF_EXT_MAX, LEAF_LWP,
@@ -23,7 +27,7 @@ pub fn build(
 ) -> Vec<CpuidEntry> {
     let mut table: Vec<CpuidEntry> = supported
         .iter()
-        .filter(|e| e.leaf != LEAF_LWP && !(LEAF_PV_BASE..=LEAF_PV_INFO).contains(&e.leaf))
+        .filter(|e| e.leaf != LEAF_LWP && !(LEAF_PV_BASE..=LEAF_PV_LINES).contains(&e.leaf))
         .copied()
         .collect();
     let has_lwp = profile.caps().is_some();
@@ -60,10 +64,12 @@ pub fn build(
     features.set(PvFeatures::UD_DOORBELL, has_lwp && shim);
     features.set(PvFeatures::LWP_STATE, has_lwp);
     features.set(PvFeatures::DB_DOORBELL, precise && shim);
+    features.set(PvFeatures::REGS_CALLS, has_lwp && shim);
+    features.set(PvFeatures::THRESHOLD_LINES, has_lwp && shim);
     table.push(CpuidEntry {
         leaf: LEAF_PV_BASE,
         subleaf: 0,
-        eax: LEAF_PV_INFO,
+        eax: LEAF_PV_LINES,
         ebx: PV_SIGNATURE[0],
         ecx: PV_SIGNATURE[1],
         edx: PV_SIGNATURE[2],
@@ -75,6 +81,19 @@ pub fn build(
         ebx: features.bits(),
         ecx: u32::from(UD_PORT),
         edx: u32::from(EXIT_PORT),
+    });
+    let lines = features.contains(PvFeatures::THRESHOLD_LINES);
+    table.push(CpuidEntry {
+        leaf: LEAF_PV_LINES,
+        subleaf: 0,
+        eax: if lines { THRESHOLD_GSI } else { 0 },
+        ebx: if lines {
+            u32::from(vcpus).min(THRESHOLD_LINES)
+        } else {
+            0
+        },
+        ecx: 0,
+        edx: 0,
     });
     table.sort_by_key(|e| (e.leaf, e.subleaf));
     table
@@ -158,7 +177,7 @@ mod tests {
         let kvm = find(&t, 0x4000_0000);
         assert_eq!(kvm.ebx, 0x4B4D_564B, "KVM's own leaves untouched");
         let base = find(&t, LEAF_PV_BASE);
-        assert_eq!(base.eax, LEAF_PV_INFO);
+        assert_eq!(base.eax, LEAF_PV_LINES);
         let sig: Vec<u8> = [base.ebx, base.ecx, base.edx]
             .iter()
             .flat_map(|r| r.to_le_bytes())
@@ -167,6 +186,21 @@ mod tests {
         let info = find(&t, LEAF_PV_INFO);
         assert_eq!((info.eax, info.ecx, info.edx), (PV_ABI_VERSION, 0x5c, 0xf4));
         assert_eq!(find(&t, 1).ebx >> 24, 3, "APIC ID of vCPU 3");
+        // (profile, guest, vCPUs, lines leaf EAX and EBX)
+        let lines = [
+            (LwpProfile::Emulated, GuestLwpSupport::Shim, 4, (16, 4)),
+            (LwpProfile::Emulated, GuestLwpSupport::Shim, 12, (16, 8)),
+            (LwpProfile::Emulated, GuestLwpSupport::Stock, 4, (0, 0)),
+            (LwpProfile::Off, GuestLwpSupport::Shim, 4, (0, 0)),
+        ];
+        for (profile, guest, vcpus, want) in lines {
+            let t = build(&host(), profile, guest, 0, vcpus);
+            let l = find(&t, LEAF_PV_LINES);
+            assert_eq!((l.eax, l.ebx), want, "{profile} {guest:?} {vcpus}");
+            let f = PvFeatures::from_bits_truncate(find(&t, LEAF_PV_INFO).ebx);
+            assert_eq!(f.contains(PvFeatures::THRESHOLD_LINES), want.1 > 0);
+            assert_eq!(f.contains(PvFeatures::REGS_CALLS), want.1 > 0);
+        }
         assert!(
             t.windows(2)
                 .all(|w| (w[0].leaf, w[0].subleaf) < (w[1].leaf, w[1].subleaf))

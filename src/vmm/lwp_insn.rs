@@ -1,7 +1,10 @@
 //! Emulation of one LWP instruction (LLWPCB, SLWPCB, LWPINS, LWPVAL) in a
 //! guest context: decoding with iced-x86, operand fetch (registers, r/m32
 //! memory through the guard), the LWP unit, and the results to write back.
-//! Shared by the paravirtual #UD doorbell and the CPL0 emulation-failure path.
+//! Shared by the paravirtual #UD doorbell, the register call and the CPL0
+//! emulation-failure path. Code is decoded with its code segment's size: in
+//! compatibility mode XOP.W and the R, X and B bits are ignored and 67h
+//! selects 16-bit addressing, as the CPU (and binutils) decode it.
 
 use iced_x86::{
     Decoder, DecoderError, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind, Register,
@@ -29,10 +32,50 @@ pub struct Context<'a> {
     pub rip: u64,
     /// True when the context runs at CPL3.
     pub user: bool,
-    /// FS base, for FS-relative operands.
-    pub fs_base: u64,
-    /// GS base, for GS-relative operands.
-    pub gs_base: u64,
+    /// The size of its code: 64 (64-bit mode), 32 or 16 (compatibility
+    /// mode).
+    pub bitness: u32,
+    /// Its segment bases, for memory operands.
+    pub bases: SegmentBases,
+}
+
+/// The segment bases a memory operand adds. In 64-bit mode only FS and GS
+/// have one; in compatibility mode every segment does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SegmentBases {
+    /// ES.
+    pub es: u64,
+    /// CS.
+    pub cs: u64,
+    /// SS.
+    pub ss: u64,
+    /// DS.
+    pub ds: u64,
+    /// FS.
+    pub fs: u64,
+    /// GS.
+    pub gs: u64,
+}
+
+impl SegmentBases {
+    /// The bases of a 64-bit context: FS and GS only.
+    pub fn long_mode(fs: u64, gs: u64) -> Self {
+        SegmentBases {
+            fs,
+            gs,
+            ..Default::default()
+        }
+    }
+}
+
+/// The code size of a code segment: 64 with CS.L, else 32 with CS.D, else
+/// 16.
+pub fn code_bitness(l: u8, db: u8) -> u32 {
+    match (l, db) {
+        (1, _) => 64,
+        (_, 1) => 32,
+        _ => 16,
+    }
 }
 
 /// Why an instruction is not one the VMM emulates.
@@ -87,8 +130,8 @@ pub struct Branch {
 /// Classifies the instruction at `rip` (its bytes in `bytes`) that just
 /// retired, with control now at `next`: a branch or not. Jumps, calls and
 /// returns (direct or indirect, conditional or not) are branches.
-pub fn retired_branch(bytes: &[u8], rip: u64, next: u64) -> Option<Branch> {
-    let mut decoder = Decoder::try_with_ip(64, bytes, rip, DecoderOptions::NONE).ok()?;
+pub fn retired_branch(bytes: &[u8], bitness: u32, rip: u64, next: u64) -> Option<Branch> {
+    let mut decoder = Decoder::try_with_ip(bitness, bytes, rip, DecoderOptions::NONE).ok()?;
     let insn = decoder.decode();
     if insn.is_invalid() {
         return None;
@@ -115,10 +158,10 @@ pub fn retired_branch(bytes: &[u8], rip: u64, next: u64) -> Option<Branch> {
     }
 }
 
-/// The length of the 64-bit instruction `bytes` start with, when they
-/// decode to one.
-pub fn length(bytes: &[u8], rip: u64) -> Option<u64> {
-    let mut decoder = Decoder::try_with_ip(64, bytes, rip, DecoderOptions::NONE).ok()?;
+/// The length of the instruction `bytes` start with in code of `bitness`,
+/// when they decode to one.
+pub fn length(bytes: &[u8], bitness: u32, rip: u64) -> Option<u64> {
+    let mut decoder = Decoder::try_with_ip(bitness, bytes, rip, DecoderOptions::NONE).ok()?;
     let insn = decoder.decode();
     (!insn.is_invalid()).then(|| insn.len() as u64)
 }
@@ -146,6 +189,17 @@ pub fn fetch(
     Ok((bytes, in_page))
 }
 
+/// True when `bytes` decode, in code of `bitness`, to an instruction with a
+/// GS-relative memory operand.
+pub fn uses_gs(bytes: &[u8], bitness: u32) -> bool {
+    Decoder::try_with_ip(bitness, bytes, 0, DecoderOptions::NONE).is_ok_and(|mut d| {
+        let insn = d.decode();
+        !insn.is_invalid()
+            && (0..insn.op_count()).any(|i| insn.op_kind(i) == OpKind::Memory)
+            && insn.memory_segment() == Register::GS
+    })
+}
+
 /// Decodes `bytes` (the first `len` are valid) and emulates the instruction
 /// if it is an LWP instruction. `unit` is `None` when LWP is not offered.
 pub fn emulate(
@@ -155,7 +209,8 @@ pub fn emulate(
     bytes: &[u8],
     tsc: u64,
 ) -> Outcome {
-    let Ok(mut decoder) = Decoder::try_with_ip(64, bytes, ctx.rip, DecoderOptions::NONE) else {
+    let Ok(mut decoder) = Decoder::try_with_ip(ctx.bitness, bytes, ctx.rip, DecoderOptions::NONE)
+    else {
         return Outcome::NotLwp(NotLwp::OtherInstruction);
     };
     let insn = decoder.decode();
@@ -240,14 +295,24 @@ fn read_rm32(
     }
     let address = insn
         .virtual_address(1, 0, |reg, _, _| {
+            let b = &ctx.bases;
             Some(match reg {
-                Register::FS => ctx.fs_base,
-                Register::GS => ctx.gs_base,
-                Register::ES | Register::CS | Register::SS | Register::DS => 0,
+                Register::ES => b.es,
+                Register::CS => b.cs,
+                Register::SS => b.ss,
+                Register::DS => b.ds,
+                Register::FS => b.fs,
+                Register::GS => b.gs,
                 r => read_reg(ctx, r),
             })
         })
         .ok_or(GuestFault::GeneralProtection)?;
+    // Outside 64-bit mode linear addresses are 32 bits: base + offset wraps.
+    let address = if ctx.bitness == 64 {
+        address
+    } else {
+        address & 0xffff_ffff
+    };
     let access = if ctx.user {
         Access::UserRead
     } else {
@@ -281,7 +346,7 @@ fn slot<'a>(ctx: &'a mut Context<'_>, full: Register) -> Option<&'a mut u64> {
     })
 }
 
-/// The value of a 32- or 64-bit general register (32-bit reads are
+/// The value of a 16-, 32- or 64-bit general register (narrower reads are
 /// zero-extended).
 fn read_reg(ctx: &Context<'_>, reg: Register) -> u64 {
     let r = &*ctx.regs;
@@ -304,10 +369,10 @@ fn read_reg(ctx: &Context<'_>, reg: Register) -> u64 {
         Register::R15 => r.r15,
         _ => 0,
     };
-    if reg.size() == 4 {
-        value & 0xffff_ffff
-    } else {
-        value
+    match reg.size() {
+        2 => value & 0xffff,
+        4 => value & 0xffff_ffff,
+        _ => value,
     }
 }
 
@@ -343,6 +408,8 @@ mod tests {
         cr3: u64,
         unit: LwpUnit,
         regs: kvm_regs,
+        bitness: u32,
+        ds: u64,
     }
 
     fn rig() -> Rig {
@@ -368,6 +435,8 @@ mod tests {
             cr3,
             unit,
             regs: kvm_regs::default(),
+            bitness: 64,
+            ds: 0,
         }
     }
 
@@ -383,8 +452,11 @@ mod tests {
                 rflags,
                 rip: 0x1000,
                 user: true,
-                fs_base: 0,
-                gs_base: 0,
+                bitness: self.bitness,
+                bases: SegmentBases {
+                    ds: self.ds,
+                    ..SegmentBases::default()
+                },
             };
             let out = emulate(&mut view, Some(&mut self.unit), &mut ctx, bytes, 0);
             (out, ctx.rflags, ctx.rsp)
@@ -396,6 +468,97 @@ mod tests {
 
     fn done(next_rip: u64, mnemonic: LwpMnemonic) -> Outcome {
         Outcome::Done { next_rip, mnemonic }
+    }
+
+    #[test]
+    fn compatibility_mode_decodes_with_the_code_size() {
+        const HIGH: u64 = 0xABCD_0000_0000_0000;
+        // (what, bytes, bitness, RAX, RBX, RDI, DS base, outcome, LWPCB
+        // address after, Data1 of the stored record)
+        type Case = (
+            &'static str,
+            &'static [u8],
+            u32,
+            [u64; 4],
+            Outcome,
+            u64,
+            Option<u32>,
+        );
+        const LWPINS_EDI: [u8; 9] = [0x8f, 0xea, 0x78, 0x12, 0x07, 0x34, 0x12, 0, 0];
+        const LWPINS_BX: [u8; 10] = [0x67, 0x8f, 0xea, 0x78, 0x12, 0x07, 0x34, 0x12, 0, 0];
+        let table: [Case; 6] = [
+            (
+                "llwpcb eax with XOP.W1",
+                &[0x8f, 0xe9, 0xf8, 0x12, 0xc0],
+                32,
+                [HIGH | CB, 0, 0, 0],
+                done(0x1005, LwpMnemonic::Llwpcb),
+                CB,
+                None,
+            ),
+            (
+                "llwpcb eax with XOP.B",
+                &[0x8f, 0xc9, 0x78, 0x12, 0xc0],
+                32,
+                [HIGH | CB, 0, 0, 0],
+                done(0x1005, LwpMnemonic::Llwpcb),
+                CB,
+                None,
+            ),
+            (
+                "the same bytes in 64-bit code: llwpcb r8d",
+                &[0x8f, 0xc9, 0x78, 0x12, 0xc0],
+                64,
+                [CB, 0, 0, 0],
+                done(0x1005, LwpMnemonic::Llwpcb),
+                0,
+                None,
+            ),
+            (
+                "lwpins eax, [edi]: a 32-bit address",
+                &LWPINS_EDI,
+                32,
+                [0, 0, HIGH | (DATA + 8), 0],
+                done(0x1009, LwpMnemonic::Lwpins),
+                CB,
+                Some(0xDEAD_BEEF),
+            ),
+            (
+                "lwpins eax, [bx] with 67h: 16-bit addressing plus DS",
+                &LWPINS_BX,
+                32,
+                [0, HIGH | 0x1_3008, 0, 0x40_0000],
+                done(0x100a, LwpMnemonic::Lwpins),
+                CB,
+                Some(0xDEAD_BEEF),
+            ),
+            (
+                "lwpins in 16-bit code: [bx] without 67h",
+                &LWPINS_EDI,
+                16,
+                [0, HIGH | 0x3008, 0, 0x40_0000],
+                done(0x1009, LwpMnemonic::Lwpins),
+                CB,
+                Some(0xDEAD_BEEF),
+            ),
+        ];
+        for (what, bytes, bitness, [rax, rbx, rdi, ds], want, cb, data1) in table {
+            let mut r = rig();
+            r.bitness = bitness;
+            if !bytes.starts_with(&[0x8f, 0xe9]) && !bytes.starts_with(&[0x8f, 0xc9]) {
+                r.regs.rax = CB;
+                r.bitness = 64;
+                r.exec(&[0x8f, 0xe9, 0xf8, 0x12, 0xc0], 0);
+                r.bitness = bitness;
+            }
+            (r.regs.rax, r.regs.rbx, r.regs.rdi) = (rax, rbx, rdi);
+            r.ds = ds;
+            assert_eq!(r.exec(bytes, 0).0, want, "{what}");
+            assert_eq!(r.unit.cbaddr(), cb, "{what}");
+            if let Some(d) = data1 {
+                assert_eq!(r.record(0).data1, d, "{what}");
+            }
+        }
     }
 
     #[test]
@@ -541,8 +704,14 @@ mod tests {
             (&[0xff, 0xc9], 0x1002, None),
         ];
         for (bytes, next, want) in table {
-            assert_eq!(retired_branch(bytes, 0x1000, next), want, "{bytes:x?}");
+            assert_eq!(retired_branch(bytes, 64, 0x1000, next), want, "{bytes:x?}");
         }
+        // 40h is INC EAX in 32-bit code, a REX prefix in 64-bit code.
+        let inc_then_jmp = [0x40, 0xeb, 0xfe];
+        assert_eq!(retired_branch(&inc_then_jmp, 32, 0x1000, 0x1001), None);
+        assert!(retired_branch(&inc_then_jmp, 64, 0x1000, 0x1001).is_some());
+        assert_eq!(length(&inc_then_jmp, 32, 0x1000), Some(1));
+        assert_eq!(length(&inc_then_jmp, 64, 0x1000), Some(3));
     }
 
     #[test]
@@ -557,8 +726,8 @@ mod tests {
             rflags: 0,
             rip: 0,
             user: true,
-            fs_base: 0,
-            gs_base: 0,
+            bitness: 64,
+            bases: SegmentBases::default(),
         };
         let out = emulate(
             &mut view,

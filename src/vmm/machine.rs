@@ -22,6 +22,7 @@ use super::cpuid;
 use super::devices::{PortBus, SERIAL_IRQ};
 use super::error::{VmError, setup};
 use super::guest_paging::PagingSource;
+use super::pv::{THRESHOLD_GSI, THRESHOLD_LINES};
 use super::snapshot::SnapshotError;
 use super::step::StepBackend;
 use super::vcpu::{KvmVcpu, LwpState, Vcpu, VcpuLwp};
@@ -172,6 +173,7 @@ pub fn create(
             id,
             tsc_offset,
             PagingSource::new(&seen),
+            threshold_line(&vm, id)?,
         );
         vcpus.push(Vcpu::new(kvm_vcpu, table, lwp, tsc_khz));
     }
@@ -184,6 +186,21 @@ pub fn create(
         msr_indices,
         spec,
     })
+}
+
+/// The irqfd of vCPU `id`'s threshold line (docs/pv-abi.md), for the
+/// vCPUs that have one.
+fn threshold_line(vm: &VmFd, id: u8) -> Result<Option<EventFd>, VmError> {
+    if u32::from(id) >= THRESHOLD_LINES {
+        return Ok(None);
+    }
+    let line = EventFd::new(EFD_NONBLOCK).map_err(|source| VmError::Thread {
+        what: "threshold line",
+        source,
+    })?;
+    vm.register_irqfd(&line, THRESHOLD_GSI + u32::from(id))
+        .map_err(setup("KVM_IRQFD"))?;
+    Ok(Some(line))
 }
 
 /// KVM's supported CPUID.

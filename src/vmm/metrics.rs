@@ -62,6 +62,8 @@ counters! {
     cpl0_lwp,
     /// FWAITs at CPL0 that KVM's emulator failed on, skipped.
     cpl0_fwait,
+    /// INT3s at CPL0 that KVM's emulator failed on, delivered as #BP.
+    cpl0_int3,
     /// LLWPCB executed.
     llwpcb,
     /// SLWPCB executed.
@@ -145,6 +147,7 @@ impl VcpuMetrics {
             }
             GuestFault::PageFault { .. } => &self.denied_not_present,
             GuestFault::GeneralProtection | GuestFault::InvalidOpcode => &self.denied_gp,
+            GuestFault::Breakpoint => return,
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }

@@ -9,6 +9,7 @@ use kvm_bindings::{kvm_segment, kvm_sregs};
 use thiserror::Error;
 
 use crate::guard::{Access, GuestView};
+use crate::vmm::lwp_insn::code_bitness;
 
 /// A vCPU's current privilege level: SS.DPL, as KVM itself takes it on SVM
 /// and VMX (the CPU keeps SS.DPL equal to the CPL).
@@ -59,17 +60,29 @@ pub enum FrameError {
     },
 }
 
-/// The privilege level of the context a 64-bit exception frame interrupted
-/// (its CS.RPL), after checking that the frame claims no more privilege than
-/// that context had: CS.RPL equals SS.RPL, and CS names a present code
-/// segment whose DPL equals the RPL (non-conforming) or is at most the RPL
-/// (conforming). `gdt` is the vCPU's GDTR.
+/// The context a 64-bit exception frame interrupted, as its code segment
+/// gives it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameCode {
+    /// Its privilege level: CS.RPL.
+    pub cpl: u8,
+    /// Its code size: 64 (CS.L), 32 or 16 (compatibility mode, CS.D).
+    pub bitness: u32,
+    /// Its code segment's base (used outside 64-bit mode).
+    pub cs_base: u64,
+}
+
+/// The context a 64-bit exception frame interrupted (privilege CS.RPL),
+/// after checking that the frame claims no more privilege than that context
+/// had: CS.RPL equals SS.RPL, and CS names a present code segment whose DPL
+/// equals the RPL (non-conforming) or is at most the RPL (conforming).
+/// `gdt` is the vCPU's GDTR.
 pub fn frame_privilege(
     view: &GuestView<'_>,
     sregs: &kvm_sregs,
     cs: u64,
     ss: u64,
-) -> Result<u8, FrameError> {
+) -> Result<FrameCode, FrameError> {
     let selector = u16::try_from(cs).map_err(|_| FrameError::Selector(cs))?;
     let ss = u16::try_from(ss).map_err(|_| FrameError::Selector(ss))?;
     let rpl = (selector & 3) as u8;
@@ -97,7 +110,11 @@ pub fn frame_privilege(
             rpl,
         });
     }
-    Ok(rpl)
+    Ok(FrameCode {
+        cpl: rpl,
+        bitness: code_bitness(d.l, d.db),
+        cs_base: d.base,
+    })
 }
 
 /// The segment register a selector loads, read from the guest's GDT as
@@ -165,13 +182,15 @@ mod tests {
         let r = Rig::new(LwpProfile::Off, None);
         let sregs = r.vcpu.sregs();
         let view = GuestView::new(&r.mem, r.vcpu.paging(&sregs).unwrap());
-        // (CS, SS, result) over the rig's GDT (crate::vmm::vcpu::testing)
-        let table: [(u64, u64, Result<u8, FrameError>); 13] = [
-            (0x08, 0x10, Ok(0)),
-            (0x08, 0, Ok(0)),
-            (0x23, 0x1b, Ok(3)),
-            (0x53, 0x1b, Ok(3)),
-            (0x50, 0x10, Ok(0)),
+        // (CS, SS, result: CPL and code size) over the rig's GDT
+        // (crate::vmm::vcpu::testing)
+        let table: [(u64, u64, Result<(u8, u32), FrameError>); 14] = [
+            (0x08, 0x10, Ok((0, 64))),
+            (0x43, 0x1b, Ok((3, 32))),
+            (0x08, 0, Ok((0, 64))),
+            (0x23, 0x1b, Ok((3, 64))),
+            (0x53, 0x1b, Ok((3, 64))),
+            (0x50, 0x10, Ok((0, 64))),
             (0x23, 0x10, Err(FrameError::RplMismatch { cs: 3, ss: 0 })),
             (0x08, 0x1b, Err(FrameError::RplMismatch { cs: 0, ss: 3 })),
             (
@@ -199,7 +218,7 @@ mod tests {
         ];
         for (cs, ss, want) in table {
             assert_eq!(
-                frame_privilege(&view, &sregs, cs, ss),
+                frame_privilege(&view, &sregs, cs, ss).map(|c| (c.cpl, c.bitness)),
                 want,
                 "CS {cs:#x} SS {ss:#x}"
             );

@@ -2,7 +2,9 @@
 //! (docs/pv-abi.md is its prose): the CPUID leaves that announce it and
 //! their feature bits, the ports, the LWP state-call operations and
 //! statuses, the power-port values, the 64-bit exception frame the
-//! doorbells read, and the RFLAGS.CF reply protocol. Pure: no KVM, no I/O.
+//! doorbells read, the saved-register frame (Linux's `pt_regs`) the register
+//! calls read, the threshold lines, and the RFLAGS.CF reply protocol. Pure:
+//! no KVM, no I/O.
 
 use bitflags::bitflags;
 use vm_memory::ByteValued;
@@ -11,6 +13,14 @@ use vm_memory::ByteValued;
 pub const LEAF_PV_BASE: u32 = 0x4000_0100;
 /// The paravirtual-interface leaf.
 pub const LEAF_PV_INFO: u32 = 0x4000_0101;
+/// The threshold-line leaf: EAX the first line's GSI, EBX how many lines.
+pub const LEAF_PV_LINES: u32 = 0x4000_0102;
+/// The GSI of vCPU 0's threshold line; vCPU `i` has `THRESHOLD_GSI + i`.
+/// KVM's IOAPIC pins 16-23: the legacy ones below are the serial port's and
+/// the virtio devices'.
+pub const THRESHOLD_GSI: u32 = 16;
+/// How many vCPUs get a threshold line (the IOAPIC has 24 pins).
+pub const THRESHOLD_LINES: u32 = 8;
 /// The signature in EBX, ECX, EDX of [`LEAF_PV_BASE`]: "LwpVmmLwpVmm".
 pub const PV_SIGNATURE: [u32; 3] = [
     u32::from_le_bytes(*b"LwpV"),
@@ -34,6 +44,13 @@ bitflags! {
         const DB_DOORBELL = 1 << 3;
         /// The power port.
         const POWER = 1 << 4;
+        /// The register calls: the #UD and #DB doorbells' work, for a
+        /// saved-register frame at a guest address (state-call operations
+        /// 4 and 5), so that a handler can call from anywhere in it.
+        const REGS_CALLS = 1 << 5;
+        /// Threshold interrupts on a per-vCPU IOAPIC line
+        /// ([`LEAF_PV_LINES`], state-call operation 6).
+        const THRESHOLD_LINES = 1 << 6;
     }
 }
 
@@ -82,8 +99,16 @@ pub enum StateOp {
     Save = 1,
     /// Restore component 62 from the area at RDI.
     Restore = 2,
-    /// The guest's #DB handler starts with the #DB doorbell.
+    /// The guest reports single-step traps: its #DB handler starts with
+    /// the #DB doorbell, or makes operation 5.
     DeclareDb = 3,
+    /// The #UD doorbell's work for the saved-register frame at RDI.
+    UdRegs = 4,
+    /// The #DB doorbell's work for the saved-register frame at RDI.
+    DbRegs = 5,
+    /// This vCPU's threshold interrupts go to its line (RDI = 1) or are
+    /// MSIs again (RDI = 0).
+    ThresholdLine = 6,
 }
 
 impl TryFrom<u8> for StateOp {
@@ -94,6 +119,9 @@ impl TryFrom<u8> for StateOp {
             1 => Ok(StateOp::Save),
             2 => Ok(StateOp::Restore),
             3 => Ok(StateOp::DeclareDb),
+            4 => Ok(StateOp::UdRegs),
+            5 => Ok(StateOp::DbRegs),
+            6 => Ok(StateOp::ThresholdLine),
             other => Err(other),
         }
     }
@@ -113,6 +141,15 @@ pub enum StateStatus {
     Refused = 3,
     /// Unknown operation, or called from outside CPL0.
     BadCall = 4,
+    /// A register call: not an LWP instruction, or not a step of lwpvmm's;
+    /// the frame is untouched and the guest's own handling applies.
+    NotOurs = 5,
+    /// A register call: the LWP instruction raises a fault, which the guest
+    /// delivers to the context (RDX the vector, RCX the #PF address, R8 the
+    /// #PF error code); the frame is untouched.
+    Fault = 6,
+    /// Operation 6 on a vCPU that has no threshold line.
+    NoLine = 7,
 }
 
 /// A value written to the power port.
@@ -160,6 +197,103 @@ pub struct Frame {
 // and every byte pattern is a valid value.
 unsafe impl ByteValued for Frame {}
 
+/// The bytes of a saved-register frame.
+pub const REGS_SIZE: u64 = 168;
+/// Where the exception frame starts in a saved-register frame.
+pub const REGS_FRAME_OFFSET: u64 = 128;
+
+/// A saved-register frame, laid out as Linux's x86-64 `struct pt_regs`:
+/// the general registers as the kernel's entry code pushes them, then the
+/// exception frame the CPU pushed. What the register calls read at RDI.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SavedRegs {
+    /// R15.
+    pub r15: u64,
+    /// R14.
+    pub r14: u64,
+    /// R13.
+    pub r13: u64,
+    /// R12.
+    pub r12: u64,
+    /// RBP.
+    pub rbp: u64,
+    /// RBX.
+    pub rbx: u64,
+    /// R11.
+    pub r11: u64,
+    /// R10.
+    pub r10: u64,
+    /// R9.
+    pub r9: u64,
+    /// R8.
+    pub r8: u64,
+    /// RAX.
+    pub rax: u64,
+    /// RCX.
+    pub rcx: u64,
+    /// RDX.
+    pub rdx: u64,
+    /// RSI.
+    pub rsi: u64,
+    /// RDI.
+    pub rdi: u64,
+    /// The syscall number or error code slot; lwpvmm leaves it alone.
+    pub orig_rax: u64,
+    /// The exception frame.
+    pub frame: Frame,
+}
+
+// SAFETY: SavedRegs is repr(C) and made only of u64 fields (Frame too), so
+// it has no padding and every byte pattern is a valid value.
+unsafe impl ByteValued for SavedRegs {}
+
+impl SavedRegs {
+    /// The general registers as KVM's `kvm_regs` (RSP, RIP and RFLAGS from
+    /// the exception frame).
+    pub fn to_kvm(&self) -> kvm_bindings::kvm_regs {
+        kvm_bindings::kvm_regs {
+            rax: self.rax,
+            rbx: self.rbx,
+            rcx: self.rcx,
+            rdx: self.rdx,
+            rsi: self.rsi,
+            rdi: self.rdi,
+            rsp: self.frame.rsp,
+            rbp: self.rbp,
+            r8: self.r8,
+            r9: self.r9,
+            r10: self.r10,
+            r11: self.r11,
+            r12: self.r12,
+            r13: self.r13,
+            r14: self.r14,
+            r15: self.r15,
+            rip: self.frame.rip,
+            rflags: self.frame.rflags,
+        }
+    }
+
+    /// Takes the general registers (not RSP, RIP, RFLAGS) from `regs`.
+    pub fn set_gprs(&mut self, regs: &kvm_bindings::kvm_regs) {
+        self.rax = regs.rax;
+        self.rbx = regs.rbx;
+        self.rcx = regs.rcx;
+        self.rdx = regs.rdx;
+        self.rsi = regs.rsi;
+        self.rdi = regs.rdi;
+        self.rbp = regs.rbp;
+        self.r8 = regs.r8;
+        self.r9 = regs.r9;
+        self.r10 = regs.r10;
+        self.r11 = regs.r11;
+        self.r12 = regs.r12;
+        self.r13 = regs.r13;
+        self.r14 = regs.r14;
+        self.r15 = regs.r15;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -172,7 +306,10 @@ mod tests {
             (1, Ok(StateOp::Save), Ok(PowerOp::Reboot)),
             (2, Ok(StateOp::Restore), Err(2)),
             (3, Ok(StateOp::DeclareDb), Err(3)),
-            (4, Err(4), Err(4)),
+            (4, Ok(StateOp::UdRegs), Err(4)),
+            (5, Ok(StateOp::DbRegs), Err(5)),
+            (6, Ok(StateOp::ThresholdLine), Err(6)),
+            (7, Err(7), Err(7)),
             (0xff, Err(0xff), Err(0xff)),
         ];
         for (byte, state, power) in table {
@@ -207,5 +344,32 @@ mod tests {
         assert_eq!(f.as_slice().len() as u64, FRAME_SIZE);
         assert_eq!(&f.as_slice()[8..16], &2u64.to_le_bytes(), "CS second");
         assert_eq!(&f.as_slice()[32..40], &5u64.to_le_bytes(), "SS last");
+    }
+
+    #[test]
+    fn saved_regs_are_linux_pt_regs() {
+        let r = SavedRegs {
+            r15: 1,
+            rax: 11,
+            orig_rax: 16,
+            frame: Frame {
+                rip: 17,
+                ss: 21,
+                ..Frame::default()
+            },
+            ..SavedRegs::default()
+        };
+        let b = r.as_slice();
+        assert_eq!(b.len() as u64, REGS_SIZE);
+        // (offset, value): pt_regs's r15, ax, orig_ax, ip, ss.
+        for (at, v) in [(0, 1u64), (80, 11), (120, 16), (128, 17), (160, 21)] {
+            assert_eq!(&b[at..at + 8], &v.to_le_bytes(), "offset {at}");
+        }
+        assert_eq!(REGS_FRAME_OFFSET, 128);
+        let k = r.to_kvm();
+        assert_eq!((k.r15, k.rax, k.rip), (1, 11, 17));
+        let mut back = SavedRegs::default();
+        back.set_gprs(&k);
+        assert_eq!((back.r15, back.rax, back.orig_rax), (1, 11, 0));
     }
 }

@@ -46,8 +46,15 @@ pub fn debug_exit_step(exit: &kvm_debug_exit_arch) -> Option<u64> {
 /// Charges the instruction at `prev` that retired with control now at
 /// `next`: one IRE, and one BRE when it is a branch (Data2 = the target,
 /// EventFlags bit 0 = taken). The instruction's bytes are read as the CPL3
-/// context would read them.
-pub fn retire(unit: &mut LwpUnit, mem: &mut dyn UserMemory, prev: u64, next: u64, tsc: u64) {
+/// context would read them and decoded as code of `bitness`.
+pub fn retire(
+    unit: &mut LwpUnit,
+    mem: &mut dyn UserMemory,
+    bitness: u32,
+    prev: u64,
+    next: u64,
+    tsc: u64,
+) {
     unit.count(mem, EventId::Ire, 1, prev, tsc);
     if !unit.counts(LwpFeatures::BRE) {
         return;
@@ -62,7 +69,7 @@ pub fn retire(unit: &mut LwpUnit, mem: &mut dyn UserMemory, prev: u64, next: u64
         }
         in_page
     };
-    if let Some(b) = retired_branch(&bytes[..len], prev, next) {
+    if let Some(b) = retired_branch(&bytes[..len], bitness, prev, next) {
         unit.retire_branch(mem, prev, b.target, b.taken, tsc);
     }
 }
@@ -123,7 +130,7 @@ mod tests {
             (CODE + 2, CODE + 4),
         ];
         for (prev, next) in steps {
-            retire(&mut unit, &mut mem, prev, next, 0);
+            retire(&mut unit, &mut mem, 64, prev, next, 0);
         }
         let recs = records(&mem, 2);
         assert_eq!((recs[0].event_id, recs[0].instruction_address), (2, CODE));

@@ -1,8 +1,9 @@
 //! LWP instructions the guest's CPU cannot run: behind the #UD doorbell
 //! (a CPL3 instruction, or any on hosts that run CPL0 natively) and after a
 //! CPL0 emulation failure (kvm_pvm's emulator), both through the same
-//! `lwp_insn` emulation. Also the one other instruction kvm_pvm's emulator
-//! fails on in Linux guests: FWAIT, skipped. docs/pv-abi.md.
+//! `lwp_insn` emulation. Also the two other instructions kvm_pvm's emulator
+//! fails on in Linux guests: FWAIT, skipped, and INT3, delivered as the #BP
+//! the CPU raises. docs/pv-abi.md.
 
 use std::sync::atomic::Ordering;
 
@@ -16,13 +17,15 @@ use super::{VcpuError, VcpuStep};
 use crate::guard::{Access, GuestView};
 use crate::guest_warn;
 use crate::lwp::fault::GuestFault;
-use crate::vmm::lwp_insn::{self, Context, LwpMnemonic, NotLwp, Outcome};
+use crate::vmm::lwp_insn::{self, Context, LwpMnemonic, NotLwp, Outcome, SegmentBases};
 use crate::vmm::metrics::VcpuMetrics;
 use crate::vmm::privilege;
 use crate::vmm::pv::{FRAME_SIZE, Frame, Reply};
 
 /// FWAIT's opcode.
 const FWAIT: u8 = 0x9b;
+/// INT3's opcode.
+const INT3: u8 = 0xcc;
 
 /// What the doorbell answers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,7 +46,8 @@ pub fn ud_doorbell(cx: &mut ExitCx<'_>) -> Result<(), VcpuError> {
     let m = cx.metrics;
     m.ud_doorbells.fetch_add(1, Ordering::Relaxed);
     let (mut regs, sregs) = (cx.vcpu.regs(), cx.vcpu.sregs());
-    match behind_doorbell(cx, &mut regs, &sregs) {
+    let frame_at = regs.rsp;
+    match behind_doorbell(cx, &mut regs, &sregs, frame_at, GsBase::Loaded) {
         Answer::Fault(fault) => {
             m.ud_faults.fetch_add(1, Ordering::Relaxed);
             m.count_denial(fault);
@@ -67,10 +71,26 @@ pub fn ud_doorbell(cx: &mut ExitCx<'_>) -> Result<(), VcpuError> {
     Ok(())
 }
 
-/// Emulates the instruction behind a doorbell; on [`Answer::Handled`] the
-/// frame in guest memory and `regs` (the interrupted context's registers)
-/// are updated.
-pub fn behind_doorbell(cx: &mut ExitCx<'_>, regs: &mut kvm_regs, sregs: &kvm_sregs) -> Answer {
+/// Where the interrupted context's GS base is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GsBase {
+    /// In GS: the doorbell rings before any SWAPGS.
+    Loaded,
+    /// In KERNEL_GS_BASE: a register call from a kernel that ran SWAPGS
+    /// on entry from CPL3 (read only for a GS-relative operand).
+    Swapped,
+}
+
+/// Emulates the instruction behind a doorbell or a register call, with the
+/// exception frame at `frame_at`; on [`Answer::Handled`] the frame in guest
+/// memory and `regs` (the interrupted context's registers) are updated.
+pub fn behind_doorbell(
+    cx: &mut ExitCx<'_>,
+    regs: &mut kvm_regs,
+    sregs: &kvm_sregs,
+    frame_at: u64,
+    gs: GsBase,
+) -> Answer {
     if !privilege::is_kernel(sregs) {
         return Answer::NotOurs(Some(format!(
             "doorbell rung at CPL{}",
@@ -83,7 +103,6 @@ pub fn behind_doorbell(cx: &mut ExitCx<'_>, regs: &mut kvm_regs, sregs: &kvm_sre
     };
     let mut view = GuestView::new(cx.mem, paging);
     let mut frame = Frame::default();
-    let frame_at = regs.rsp;
     let bad_frame = |e: &dyn std::fmt::Display| {
         Answer::NotOurs(Some(format!("exception frame at {frame_at:#x}: {e}")))
     };
@@ -93,13 +112,41 @@ pub fn behind_doorbell(cx: &mut ExitCx<'_>, regs: &mut kvm_regs, sregs: &kvm_sre
     {
         return bad_frame(&e);
     }
-    let user = match privilege::frame_privilege(&view, sregs, frame.cs, frame.ss) {
-        Ok(cpl) => cpl == 3,
+    let code = match privilege::frame_privilege(&view, sregs, frame.cs, frame.ss) {
+        Ok(code) => code,
         Err(e) => return bad_frame(&e),
     };
+    let user = code.cpl == 3;
     let (bytes, len) = match lwp_insn::fetch(&view, frame.rip, user) {
         Ok(b) => b,
         Err(fault) => return Answer::Fault(fault),
+    };
+    let gs_base = match gs {
+        GsBase::Swapped if lwp_insn::uses_gs(&bytes[..len], code.bitness) => {
+            match cx.vcpu.kernel_gs_base() {
+                Ok(base) => base,
+                Err(e) => return Answer::NotOurs(Some(format!("KERNEL_GS_BASE: {e}"))),
+            }
+        }
+        _ => sregs.gs.base,
+    };
+    let bases = if code.bitness == 64 {
+        SegmentBases::long_mode(sregs.fs.base, gs_base)
+    } else {
+        // Compatibility mode: the kernel's 64-bit entry leaves DS, ES and FS
+        // as the context loaded them; SS comes from the frame.
+        let ss = u16::try_from(frame.ss)
+            .ok()
+            .and_then(|s| privilege::load_segment(&view, sregs, s))
+            .map_or(0, |s| s.base);
+        SegmentBases {
+            es: sregs.es.base,
+            cs: code.cs_base,
+            ss,
+            ds: sregs.ds.base,
+            fs: sregs.fs.base,
+            gs: gs_base,
+        }
     };
     let tsc = cx.vcpu.guest_tsc();
     let mut ctx = Context {
@@ -108,8 +155,8 @@ pub fn behind_doorbell(cx: &mut ExitCx<'_>, regs: &mut kvm_regs, sregs: &kvm_sre
         rflags: frame.rflags,
         rip: frame.rip,
         user,
-        fs_base: sregs.fs.base,
-        gs_base: sregs.gs.base,
+        bitness: code.bitness,
+        bases,
     };
     match lwp_insn::emulate(&mut view, cx.lwp.insn_unit(), &mut ctx, &bytes[..len], tsc) {
         Outcome::Done { next_rip, mnemonic } => {
@@ -141,7 +188,10 @@ pub fn behind_doorbell(cx: &mut ExitCx<'_>, regs: &mut kvm_regs, sregs: &kvm_sre
 /// instructions are emulated here, and FWAIT is skipped: Linux runs it
 /// when a process drops its FPU state, and it does nothing unless an
 /// unmasked x87 exception is pending, whose #MF is then lost (a known gap,
-/// docs/linux-guest.md). Anything else ends the VM.
+/// docs/linux-guest.md). INT3 raises #BP as the CPU does, a trap whose frame
+/// holds the address after it: Linux patches its own text with INT3
+/// (`text_poke_bp`: static keys, kprobes, tracepoints), and its handler
+/// finds the patch site from that address. Anything else ends the VM.
 pub fn emulation_failure(cx: &mut ExitCx<'_>) -> Result<VcpuStep, VcpuError> {
     let failure = cx.vcpu.emulation_failure();
     let (mut regs, sregs) = (cx.vcpu.regs(), cx.vcpu.sregs());
@@ -162,6 +212,12 @@ pub fn emulation_failure(cx: &mut ExitCx<'_>) -> Result<VcpuStep, VcpuError> {
         cx.vcpu.set_regs(&regs);
         return Ok(VcpuStep::Continue);
     }
+    if bytes[0] == INT3 && privilege::is_kernel(&sregs) {
+        cx.metrics.cpl0_int3.fetch_add(1, Ordering::Relaxed);
+        regs.rip = regs.rip.wrapping_add(1);
+        inject::fault(cx, &regs, &sregs, GuestFault::Breakpoint)?;
+        return Ok(VcpuStep::Continue);
+    }
     let described = format!(
         ", emulation failed on instruction bytes {}",
         bytes
@@ -176,14 +232,27 @@ pub fn emulation_failure(cx: &mut ExitCx<'_>) -> Result<VcpuStep, VcpuError> {
     let mut view = GuestView::new(cx.mem, paging);
     let tsc = cx.vcpu.guest_tsc();
     let (rsp, rflags, rip) = (regs.rsp, regs.rflags, regs.rip);
+    let bitness = lwp_insn::code_bitness(sregs.cs.l, sregs.cs.db);
+    let s = &sregs;
     let mut ctx = Context {
         regs: &mut regs,
         rsp,
         rflags,
         rip,
         user: privilege::is_user(&sregs),
-        fs_base: sregs.fs.base,
-        gs_base: sregs.gs.base,
+        bitness,
+        bases: if bitness == 64 {
+            SegmentBases::long_mode(s.fs.base, s.gs.base)
+        } else {
+            SegmentBases {
+                es: s.es.base,
+                cs: s.cs.base,
+                ss: s.ss.base,
+                ds: s.ds.base,
+                fs: s.fs.base,
+                gs: s.gs.base,
+            }
+        },
     };
     let outcome = lwp_insn::emulate(&mut view, cx.lwp.insn_unit(), &mut ctx, bytes, tsc);
     let (rsp, rflags) = (ctx.rsp, ctx.rflags);
@@ -474,7 +543,15 @@ mod tests {
             Result<u64, &'static str>,
             Option<u8>,
         );
-        let table: [Case; 6] = [
+        let table: [Case; 7] = [
+            (
+                "int3: #BP with the address after it",
+                LwpProfile::Emulated,
+                vec![0xcc],
+                0,
+                Ok(KERNEL_CODE + 1),
+                Some(3),
+            ),
             (
                 "fwait",
                 LwpProfile::Emulated,

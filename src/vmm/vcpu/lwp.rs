@@ -43,6 +43,10 @@ pub struct LwpState {
     pub lwpcb_cr3: Option<u64>,
     /// The #DB-doorbell declaration and where stepping stands.
     pub stepping: StepState,
+    /// Threshold interrupts go to the vCPU's threshold line, not as MSIs
+    /// (state-call operation 6).
+    #[serde(default)]
+    pub threshold_line: bool,
 }
 
 /// A vCPU's LWP state.
@@ -51,6 +55,7 @@ pub struct VcpuLwp {
     unit: Option<LwpUnit>,
     instructions: bool,
     lwpcb_cr3: Option<u64>,
+    threshold_line: bool,
     /// Precise events by single-stepping.
     pub stepper: Stepper,
 }
@@ -83,6 +88,7 @@ impl VcpuLwp {
             unit,
             instructions,
             lwpcb_cr3,
+            threshold_line: saved.is_some_and(|s| s.threshold_line),
             stepper: Stepper::new(stepping, steps),
         };
         lwp.update_withheld();
@@ -96,7 +102,14 @@ impl VcpuLwp {
             component62: u.save_xsave().to_bytes().to_vec(),
             lwpcb_cr3: self.lwpcb_cr3,
             stepping: self.stepper.state(),
+            threshold_line: self.threshold_line,
         })
+    }
+
+    /// Threshold interrupts go to the vCPU's threshold line (`true`) or are
+    /// MSIs to the vector in LWP_CFG.
+    pub fn set_threshold_line(&mut self, on: bool) {
+        self.threshold_line = on;
     }
 
     /// Precise events the stepper cannot produce yet (a trap-flag host
@@ -270,6 +283,21 @@ fn deliver_interrupt(cx: &mut ExitCx<'_>) {
     };
     let id = cx.vcpu.id();
     match irq {
+        // On the line, LWP_CFG's vector is not used: the guest's IOAPIC
+        // entry for the line says which vector arrives.
+        ThresholdInterrupt::Deliver(_) | ThresholdInterrupt::Suppressed(_)
+            if cx.lwp.threshold_line =>
+        {
+            match cx.vcpu.raise_threshold_line() {
+                Ok(()) => {
+                    cx.metrics.lwp_interrupts.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => guest_warn!(
+                    cx.metrics.guest_warnings,
+                    "vCPU {id}: LWP threshold line not raised: {e}"
+                ),
+            }
+        }
         ThresholdInterrupt::Deliver(vector) => {
             let msi = kvm_msi {
                 address_lo: msi_address(id),
@@ -425,9 +453,17 @@ mod exit_side_tests {
 
     #[test]
     fn threshold_interrupts_go_to_the_vcpu_or_are_suppressed() {
-        // (LWP_CFG vector, delivered)
-        for (vector, delivered) in [(0x40u64, true), (0x10, false)] {
+        // (LWP_CFG vector, on the threshold line, MSI delivered, line
+        // raised)
+        let table = [
+            (0x40u64, false, true, false),
+            (0x10, false, false, false),
+            (0x40, true, false, true),
+            (0, true, false, true),
+        ];
+        for (vector, line, delivered, raised) in table {
             let mut r = Rig::new(LwpProfile::Emulated, None);
+            r.lwp.set_threshold_line(line);
             let int = 1u32 << 31;
             r.lwpcb_with(int | CNH, 32);
             let cfg = u64::from(int | CNH) | vector << 40;
@@ -442,7 +478,11 @@ mod exit_side_tests {
             after_exit(&mut r.cx()).unwrap();
             let msis = r.vcpu.msis.borrow().clone();
             let c = r.metrics.counters();
-            if delivered {
+            assert_eq!(r.vcpu.lines.get(), u32::from(raised), "{vector:#x} {line}");
+            if raised {
+                assert!(msis.is_empty());
+                assert_eq!(c.lwp_interrupts, 1);
+            } else if delivered {
                 assert_eq!(msis.len(), 1);
                 assert_eq!((msis[0].address_lo, msis[0].data), (0xfee0_0000, 0x40));
                 assert_eq!(c.lwp_interrupts, 1);

@@ -7,9 +7,11 @@
 use std::sync::Arc;
 
 use kvm_bindings::{
-    KVM_GUESTDBG_ENABLE, KVM_GUESTDBG_SINGLESTEP, kvm_guest_debug, kvm_msi, kvm_regs, kvm_sregs,
+    KVM_GUESTDBG_ENABLE, KVM_GUESTDBG_SINGLESTEP, Msrs, kvm_guest_debug, kvm_msi, kvm_msr_entry,
+    kvm_regs, kvm_sregs,
 };
 use kvm_ioctls::{SyncReg, VcpuFd, VmFd};
+use vmm_sys_util::eventfd::EventFd;
 
 use super::VcpuError;
 use crate::guard::{GuardError, Paging};
@@ -18,6 +20,7 @@ use crate::vmm::guest_paging::PagingSource;
 use crate::vmm::lwp_insn::MAX_INSN_LEN;
 
 const KVM_INTERNAL_ERROR_EMULATION: u32 = 1;
+const MSR_KERNEL_GS_BASE: u32 = 0xc000_0102;
 const KVM_INTERNAL_ERROR_EMULATION_FLAG_INSTRUCTION_BYTES: u64 = 1;
 
 /// What KVM says about an instruction its emulator could not run.
@@ -65,6 +68,12 @@ pub trait VcpuOps {
     fn guest_tsc(&self) -> u64;
     /// Sends an MSI (the threshold interrupt).
     fn signal_msi(&self, msi: &kvm_msi) -> Result<(), String>;
+    /// Raises this vCPU's threshold line (an edge on its IOAPIC pin); an
+    /// error when it has none.
+    fn raise_threshold_line(&self) -> Result<(), String>;
+    /// The MSR KERNEL_GS_BASE: a 64-bit context's GS base after the
+    /// kernel's SWAPGS.
+    fn kernel_gs_base(&self) -> Result<u64, String>;
     /// The emulation failure of an internal-error exit.
     fn emulation_failure(&mut self) -> EmulationFailure;
     /// Where the guard's paging comes from (CPUID, PKRU).
@@ -88,18 +97,28 @@ pub struct KvmVcpu {
     id: u8,
     tsc_offset: i64,
     paging: PagingSource,
+    threshold_line: Option<EventFd>,
 }
 
 impl KvmVcpu {
     /// `tsc_offset` turns the host TSC into the guest's; `paging` comes from
-    /// the CPUID the guest sees.
-    pub fn new(fd: VcpuFd, vm: Arc<VmFd>, id: u8, tsc_offset: i64, paging: PagingSource) -> Self {
+    /// the CPUID the guest sees; `threshold_line` is the irqfd of the
+    /// vCPU's threshold line, when it has one.
+    pub fn new(
+        fd: VcpuFd,
+        vm: Arc<VmFd>,
+        id: u8,
+        tsc_offset: i64,
+        paging: PagingSource,
+        threshold_line: Option<EventFd>,
+    ) -> Self {
         KvmVcpu {
             fd,
             vm,
             id,
             tsc_offset,
             paging,
+            threshold_line,
         }
     }
 
@@ -201,6 +220,24 @@ impl VcpuOps for KvmVcpu {
             .signal_msi(*msi)
             .map(|_| ())
             .map_err(|e| e.to_string())
+    }
+
+    fn raise_threshold_line(&self) -> Result<(), String> {
+        let line = self.threshold_line.as_ref().ok_or("no threshold line")?;
+        line.write(1).map_err(|e| e.to_string())
+    }
+
+    fn kernel_gs_base(&self) -> Result<u64, String> {
+        let mut msrs = Msrs::from_entries(&[kvm_msr_entry {
+            index: MSR_KERNEL_GS_BASE,
+            ..Default::default()
+        }])
+        .map_err(|e| e.to_string())?;
+        match self.fd.get_msrs(&mut msrs) {
+            Ok(1) => Ok(msrs.as_slice()[0].data),
+            Ok(_) => Err("KVM_GET_MSRS read no KERNEL_GS_BASE".into()),
+            Err(e) => Err(e.to_string()),
+        }
     }
 
     fn emulation_failure(&mut self) -> EmulationFailure {

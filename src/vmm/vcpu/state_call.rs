@@ -1,20 +1,29 @@
 //! The LWP state calls (docs/pv-abi.md): a guest kernel saves and restores
 //! a vCPU's LWP state as a component-62 image, around its own context
-//! switches, and declares its #DB doorbell. AL is the operation, RDI the
-//! 128-byte area (guest-linear, supervisor memory); the status goes to RAX,
-//! a refused image's fault to RDX (vector) and RCX (#PF address).
+//! switches, declares that it reports single-step traps, hands lwpvmm an
+//! LWP instruction or a single-step trap described by a saved-register
+//! frame (the register calls, for a handler that cannot start with a
+//! doorbell: a Linux module's notifier), and moves its threshold interrupts
+//! to a line. AL is the operation, RDI the area or frame (guest-linear,
+//! supervisor memory); the status goes to RAX, a fault to RDX (vector), RCX
+//! (#PF address) and R8 (#PF error code).
 
 use std::sync::atomic::Ordering;
 
+use kvm_bindings::kvm_sregs;
 use vm_memory::ByteValued;
 
+use super::doorbell::{self, Answer, GsBase};
 use super::exit::ExitCx;
+use super::stepper;
 use crate::guard::{Access, GuestView};
 use crate::guest_warn;
 use crate::lwp::fault::GuestFault;
 use crate::lwp::xsave::LwpXsaveArea;
 use crate::vmm::privilege;
-use crate::vmm::pv::{StateOp, StateStatus};
+use crate::vmm::pv::{
+    REGS_FRAME_OFFSET, REGS_SIZE, Reply, SavedRegs, StateOp, StateStatus, THRESHOLD_LINES,
+};
 
 /// Handles a write to the state port.
 pub fn lwp_state_call(cx: &mut ExitCx<'_>) {
@@ -25,7 +34,10 @@ pub fn lwp_state_call(cx: &mut ExitCx<'_>) {
     if let Some(fault) = detail {
         cx.metrics.count_denial(fault);
     }
-    if status != StateStatus::Ok {
+    if !matches!(
+        status,
+        StateStatus::Ok | StateStatus::NotOurs | StateStatus::Fault
+    ) {
         let id = cx.vcpu.id();
         guest_warn!(
             cx.metrics.guest_warnings,
@@ -34,11 +46,63 @@ pub fn lwp_state_call(cx: &mut ExitCx<'_>) {
     }
     regs.rax = status as u64;
     regs.rdx = detail.map_or(0, |f| u64::from(f.vector()));
-    regs.rcx = match detail {
-        Some(GuestFault::PageFault { address, .. }) => address,
-        _ => 0,
+    (regs.rcx, regs.r8) = match detail {
+        Some(GuestFault::PageFault {
+            address,
+            error_code,
+        }) => (address, u64::from(error_code)),
+        _ => (0, 0),
     };
     cx.vcpu.set_regs(&regs);
+}
+
+/// Operation 4: the #UD doorbell's work for the saved-register frame at
+/// `at`. The frame is read and written through the guard as supervisor
+/// memory; the context's privilege comes from its saved CS, checked as the
+/// doorbell checks it.
+fn ud_regs(cx: &mut ExitCx<'_>, sregs: &kvm_sregs, at: u64) -> (StateStatus, Option<GuestFault>) {
+    let Ok(paging) = cx.vcpu.paging(sregs) else {
+        return (StateStatus::BadArea, None);
+    };
+    let mut saved = SavedRegs::default();
+    let view = GuestView::new(cx.mem, paging);
+    if view
+        .read(at, saved.as_mut_slice(), Access::SupervisorRead)
+        .and_then(|()| view.check(at, REGS_SIZE, Access::SupervisorWrite))
+        .is_err()
+    {
+        return (StateStatus::BadArea, None);
+    }
+    let mut regs = saved.to_kvm();
+    let frame_at = at.wrapping_add(REGS_FRAME_OFFSET);
+    cx.metrics.ud_doorbells.fetch_add(1, Ordering::Relaxed);
+    match doorbell::behind_doorbell(cx, &mut regs, sregs, frame_at, GsBase::Swapped) {
+        Answer::Handled => {
+            cx.metrics.ud_handled.fetch_add(1, Ordering::Relaxed);
+            saved.set_gprs(&regs);
+            let gprs = &saved.as_slice()[..REGS_FRAME_OFFSET as usize];
+            let view = GuestView::new(cx.mem, paging);
+            match view.write(at, gprs, Access::SupervisorWrite) {
+                Ok(()) => (StateStatus::Ok, None),
+                Err(_) => (StateStatus::BadArea, None),
+            }
+        }
+        Answer::Fault(fault) => {
+            cx.metrics.ud_faults.fetch_add(1, Ordering::Relaxed);
+            (StateStatus::Fault, Some(fault))
+        }
+        Answer::NotOurs(why) => {
+            cx.metrics.ud_not_lwp.fetch_add(1, Ordering::Relaxed);
+            if let Some(why) = why {
+                let id = cx.vcpu.id();
+                guest_warn!(
+                    cx.metrics.guest_warnings,
+                    "vCPU {id}: #UD register call refused: {why}"
+                );
+            }
+            (StateStatus::NotOurs, None)
+        }
+    }
 }
 
 fn state_call(cx: &mut ExitCx<'_>, op: u8, area_at: u64) -> (StateStatus, Option<GuestFault>) {
@@ -96,6 +160,21 @@ fn state_call(cx: &mut ExitCx<'_>, op: u8, area_at: u64) -> (StateStatus, Option
             cx.lwp.declare_db();
             (StateStatus::Ok, None)
         }
+        StateOp::UdRegs => ud_regs(cx, &sregs, area_at),
+        StateOp::DbRegs => {
+            let frame_at = area_at.wrapping_add(REGS_FRAME_OFFSET);
+            match stepper::step_trap(cx, &sregs, frame_at) {
+                Reply::Handled => (StateStatus::Ok, None),
+                Reply::NotOurs => (StateStatus::NotOurs, None),
+            }
+        }
+        StateOp::ThresholdLine => {
+            if u32::from(cx.vcpu.id()) >= THRESHOLD_LINES {
+                return (StateStatus::NoLine, None);
+            }
+            cx.lwp.set_threshold_line(area_at != 0);
+            (StateStatus::Ok, None)
+        }
     }
 }
 
@@ -103,6 +182,7 @@ fn state_call(cx: &mut ExitCx<'_>, op: u8, area_at: u64) -> (StateStatus, Option
 mod tests {
     use super::*;
     use crate::lwp::cpuid::{LwpFeatures, LwpProfile};
+    use crate::lwp::fault::PF_USER;
     use crate::vmm::step::StepBackend;
     use crate::vmm::vcpu::testing::*;
     use vm_memory::{Bytes, GuestAddress};
@@ -284,5 +364,180 @@ mod tests {
         r.vcpu.regs.rax = 3;
         lwp_state_call(&mut r.cx());
         assert_eq!(withheld(&r), LwpFeatures::empty());
+    }
+
+    /// Where the register calls' frame is: its exception frame is the rig's.
+    const REGS_AT: u64 = FRAME_AT - REGS_FRAME_OFFSET;
+
+    #[test]
+    fn register_calls() {
+        const HIGH: u64 = 0xABCD_0000_0000_0000;
+        const SLWPCB_RAX: [u8; 5] = [0x8f, 0xe9, 0xf8, 0x12, 0xc8];
+        const LLWPCB_EAX_B: [u8; 5] = [0x8f, 0xc9, 0x78, 0x12, 0xc0];
+        // (what, operation, code at USER_CODE, CS, RAX in the frame, RDI,
+        // status, RDX, RIP in the frame after, RAX in the frame after)
+        type Case = (
+            &'static str,
+            u8,
+            &'static [u8],
+            u64,
+            u64,
+            u64,
+            StateStatus,
+            u64,
+            u64,
+            u64,
+        );
+        let table: [Case; 8] = [
+            (
+                "lwpins",
+                4,
+                &LWPINS,
+                USER_CS,
+                7,
+                REGS_AT,
+                StateStatus::Ok,
+                0,
+                USER_CODE + 9,
+                7,
+            ),
+            (
+                "slwpcb writes the saved RAX",
+                4,
+                &SLWPCB_RAX,
+                USER_CS,
+                0,
+                REGS_AT,
+                StateStatus::Ok,
+                0,
+                USER_CODE + 5,
+                LWPCB,
+            ),
+            (
+                "llwpcb eax in compatibility mode: XOP.B ignored",
+                4,
+                &LLWPCB_EAX_B,
+                USER_CS32,
+                HIGH | LWPCB,
+                REGS_AT,
+                StateStatus::Ok,
+                0,
+                USER_CODE + 5,
+                HIGH | LWPCB,
+            ),
+            (
+                "not an LWP instruction",
+                4,
+                &[0x90],
+                USER_CS,
+                1,
+                REGS_AT,
+                StateStatus::NotOurs,
+                0,
+                USER_CODE,
+                1,
+            ),
+            (
+                "llwpcb of an unmapped block: the fault, nothing written",
+                4,
+                &LLWPCB_RAX,
+                USER_CS,
+                UNMAPPED,
+                REGS_AT,
+                StateStatus::Fault,
+                14,
+                USER_CODE,
+                UNMAPPED,
+            ),
+            (
+                "a frame in unmapped memory",
+                4,
+                &LWPINS,
+                USER_CS,
+                0,
+                UNMAPPED,
+                StateStatus::BadArea,
+                0,
+                USER_CODE,
+                0,
+            ),
+            (
+                "a frame whose CS claims CPL3 with a kernel SS",
+                4,
+                &LWPINS,
+                USER_CS,
+                0,
+                REGS_AT,
+                StateStatus::NotOurs,
+                0,
+                USER_CODE,
+                0,
+            ),
+            (
+                "a #DB register call with no stepping in progress",
+                5,
+                &[0x90],
+                USER_CS,
+                0,
+                REGS_AT,
+                StateStatus::NotOurs,
+                0,
+                USER_CODE,
+                0,
+            ),
+        ];
+        for (what, op, code, cs, rax, at, status, rdx, rip, rax_after) in table {
+            let mut r = Rig::new(LwpProfile::Emulated, None);
+            r.lwpcb(0x2);
+            r.code(USER_CODE + 0x100, &LLWPCB_RAX);
+            r.frame(USER_CODE + 0x100, USER_CS, USER_DS, 0x202);
+            r.vcpu.regs.rax = LWPCB;
+            doorbell::ud_doorbell(&mut r.cx()).unwrap();
+            assert_eq!(r.lwp.unit().unwrap().cbaddr(), LWPCB, "{what}: loaded");
+            r.code(USER_CODE, code);
+            let ss = if what.contains("kernel SS") {
+                KERNEL_DS
+            } else {
+                USER_DS
+            };
+            r.frame(USER_CODE, cs, ss, 0x202);
+            let mut saved: SavedRegs = r.mem.read_obj(GuestAddress(REGS_AT)).unwrap();
+            saved.rax = rax;
+            saved.rcx = 0x11;
+            r.mem.write_obj(saved, GuestAddress(REGS_AT)).unwrap();
+            r.vcpu.regs.rax = u64::from(op);
+            r.vcpu.regs.rdi = at;
+            lwp_state_call(&mut r.cx());
+            assert_eq!(r.vcpu.regs.rax, status as u64, "{what}");
+            assert_eq!(r.vcpu.regs.rdx, rdx, "{what}");
+            let after: SavedRegs = r.mem.read_obj(GuestAddress(REGS_AT)).unwrap();
+            assert_eq!((after.frame.rip, after.rax), (rip, rax_after), "{what}");
+            if status == StateStatus::Fault {
+                assert_eq!(r.vcpu.regs.rcx, UNMAPPED, "{what}: the #PF address");
+                assert_eq!(r.vcpu.regs.r8, u64::from(PF_USER), "{what}: error code");
+            }
+        }
+    }
+
+    #[test]
+    fn the_threshold_line_call() {
+        // (profile, RDI, status, threshold line on after)
+        let table = [
+            (LwpProfile::Emulated, 1, StateStatus::Ok, true),
+            (LwpProfile::Emulated, 0, StateStatus::Ok, false),
+            (LwpProfile::Off, 1, StateStatus::NoLwp, false),
+        ];
+        for (profile, rdi, status, on) in table {
+            let mut r = Rig::new(profile, None);
+            r.vcpu.regs.rax = 6;
+            r.vcpu.regs.rdi = rdi;
+            lwp_state_call(&mut r.cx());
+            assert_eq!(r.vcpu.regs.rax, status as u64, "{profile} {rdi}");
+            assert_eq!(
+                r.lwp.state().is_some_and(|s| s.threshold_line),
+                on,
+                "{profile} {rdi}"
+            );
+        }
     }
 }

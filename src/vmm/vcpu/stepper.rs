@@ -7,7 +7,7 @@
 
 use std::sync::atomic::Ordering;
 
-use kvm_bindings::kvm_debug_exit_arch;
+use kvm_bindings::{kvm_debug_exit_arch, kvm_sregs};
 use serde::{Deserialize, Serialize};
 use vm_memory::ByteValued;
 
@@ -90,29 +90,37 @@ impl Stepper {
 /// stepping in progress) goes to the guest's own handler.
 pub fn db_doorbell(cx: &mut ExitCx<'_>) {
     let (mut regs, sregs) = (cx.vcpu.regs(), cx.vcpu.sregs());
-    // Every check comes before the stepping state is taken, so that a
-    // refused ring leaves the stepping in progress intact. A ring from
-    // outside CPL0 has no handler to answer and changes nothing: writing
-    // the registers would also cancel the single-step trap KVM holds
-    // pending for the `out` itself.
+    // A ring from outside CPL0 has no handler to answer and changes
+    // nothing: writing the registers would also cancel the single-step trap
+    // KVM holds pending for the `out` itself.
     if !privilege::is_kernel(&sregs) {
         return;
     }
-    let checked = cx.vcpu.paging(&sregs).ok().and_then(|paging| {
+    let reply = step_trap(cx, &sregs, regs.rsp);
+    regs.rflags = reply.apply(regs.rflags);
+    cx.vcpu.set_regs(&regs);
+}
+
+/// The #DB doorbell's work (also the register call's) for the trap frame at
+/// `frame_at`, from CPL0: counts the step and sets or clears TF in the
+/// frame, or answers [`Reply::NotOurs`] with the frame untouched.
+pub fn step_trap(cx: &mut ExitCx<'_>, sregs: &kvm_sregs, frame_at: u64) -> Reply {
+    // Every check comes before the stepping state is taken, so that a
+    // refused call leaves the stepping in progress intact.
+    let checked = cx.vcpu.paging(sregs).ok().and_then(|paging| {
         let view = GuestView::new(cx.mem, paging);
         let mut frame = Frame::default();
-        view.read(regs.rsp, frame.as_mut_slice(), Access::SupervisorRead)
+        view.read(frame_at, frame.as_mut_slice(), Access::SupervisorRead)
             .ok()?;
-        let cpl = privilege::frame_privilege(&view, &sregs, frame.cs, frame.ss).ok()?;
-        Some((view, frame, cpl == 3))
+        let code = privilege::frame_privilege(&view, sregs, frame.cs, frame.ss).ok()?;
+        Some((view, frame, code))
     });
-    let (Some((mut view, mut frame, user)), Some(mut prev)) =
+    let (Some((mut view, mut frame, code)), Some(mut prev)) =
         (checked, cx.lwp.stepper.state.step_from)
     else {
-        regs.rflags = Reply::NotOurs.apply(regs.rflags);
-        cx.vcpu.set_regs(&regs);
-        return;
+        return Reply::NotOurs;
     };
+    let (user, bitness) = (code.cpl == 3, code.bitness);
     cx.lwp.stepper.state.step_from = None;
     let tsc = cx.vcpu.guest_tsc();
     let pio = cx.lwp.stepper.state.pio_step.take();
@@ -124,11 +132,11 @@ pub fn db_doorbell(cx: &mut ExitCx<'_>) {
             // The trap after the port instruction was lost: it retired
             // first, then the instruction at `after`.
             cx.metrics.steps.fetch_add(1, Ordering::Relaxed);
-            step::retire(unit, &mut view, prev, after, tsc);
+            step::retire(unit, &mut view, bitness, prev, after, tsc);
             prev = after;
         }
         cx.metrics.steps.fetch_add(1, Ordering::Relaxed);
-        step::retire(unit, &mut view, prev, frame.rip, tsc);
+        step::retire(unit, &mut view, bitness, prev, frame.rip, tsc);
     }
     if cx.lwp.precise_live(user, sregs.cr3) {
         cx.lwp.stepper.state.step_from = Some(frame.rip);
@@ -137,13 +145,12 @@ pub fn db_doorbell(cx: &mut ExitCx<'_>) {
         frame.rflags &= !RFLAGS_TF;
     }
     if view
-        .write(regs.rsp, frame.as_slice(), Access::SupervisorWrite)
+        .write(frame_at, frame.as_slice(), Access::SupervisorWrite)
         .is_err()
     {
         cx.lwp.stepper.state.step_from = None;
     }
-    regs.rflags = Reply::Handled.apply(regs.rflags);
-    cx.vcpu.set_regs(&regs);
+    Reply::Handled
 }
 
 /// A Debug exit of the guest-debug backend: a step at CPL3 retires the
@@ -163,7 +170,9 @@ pub fn debug_exit(cx: &mut ExitCx<'_>, exit: &kvm_debug_exit_arch) -> Result<(),
         (cx.lwp.stepper.state.step_from, paging, cx.lwp.unit_mut())
     {
         cx.metrics.steps.fetch_add(1, Ordering::Relaxed);
-        step::retire(unit, &mut GuestView::new(cx.mem, paging), prev, pc, tsc);
+        let bitness = lwp_insn::code_bitness(sregs.cs.l, sregs.cs.db);
+        let mut view = GuestView::new(cx.mem, paging);
+        step::retire(unit, &mut view, bitness, prev, pc, tsc);
     }
     if cx.lwp.precise_live(true, sregs.cr3) {
         cx.lwp.stepper.state.step_from = Some(pc);
@@ -210,7 +219,10 @@ pub fn note_pio_step(cx: &mut ExitCx<'_>) {
     let view = GuestView::new(cx.mem, paging);
     let after = lwp_insn::fetch(&view, at, true)
         .ok()
-        .and_then(|(bytes, len)| lwp_insn::length(&bytes[..len], at))
+        .and_then(|(bytes, len)| {
+            let bitness = lwp_insn::code_bitness(sregs.cs.l, sregs.cs.db);
+            lwp_insn::length(&bytes[..len], bitness, at)
+        })
         .map(|n| at.wrapping_add(n));
     cx.lwp.stepper.state.pio_step = after
         .filter(|&after| rip == at || rip == after)

@@ -5,7 +5,7 @@
 //! state-call areas, and user pages for code, an LWPCB and its ring. The
 //! handlers under test are the functions the run loop calls.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 
 use kvm_bindings::{kvm_msi, kvm_regs, kvm_sregs};
 use vm_memory::{ByteValued, Bytes, GuestAddress};
@@ -29,11 +29,13 @@ pub const KERNEL_DS: u64 = 0x10;
 pub const USER_DS: u64 = 0x1b;
 pub const USER_CS: u64 = 0x23;
 pub const CONFORMING_CPL3: u64 = 0x53;
+/// User code 32 (compatibility mode).
+pub const USER_CS32: u64 = 0x43;
 
 /// The GDT (supervisor memory): null, kernel code 64, kernel data, user
 /// data, user code 64, a data descriptor, a non-present code descriptor
-/// (0x30), a kernel code 32 (0x38), unused (0x40, 0x48), conforming code
-/// 64 at DPL 0 (0x50).
+/// (0x30), a kernel code 32 (0x38), user code 32 (0x40), unused (0x48),
+/// conforming code 64 at DPL 0 (0x50).
 pub const GDT: u64 = 0x1000;
 const DESCRIPTORS: [u64; 11] = [
     0,
@@ -44,7 +46,7 @@ const DESCRIPTORS: [u64; 11] = [
     0x00cf_9300_0000_ffff,
     0x00af_1b00_0000_ffff,
     0x00cf_9b00_0000_ffff,
-    0,
+    0x00cf_fb00_0000_ffff,
     0,
     0x00af_9e00_0000_ffff,
 ];
@@ -73,6 +75,9 @@ pub struct FakeVcpu {
     /// Whether KVM has an event in flight (faults then restart).
     pub event_in_flight: bool,
     pub msis: RefCell<Vec<kvm_msi>>,
+    /// Edges raised on the threshold line.
+    pub lines: Cell<u32>,
+    pub kernel_gs_base: u64,
     pub single_step: Option<bool>,
     pub failure: EmulationFailure,
     pub tsc: u64,
@@ -119,6 +124,15 @@ impl VcpuOps for FakeVcpu {
 
     fn guest_tsc(&self) -> u64 {
         self.tsc
+    }
+
+    fn raise_threshold_line(&self) -> Result<(), String> {
+        self.lines.set(self.lines.get() + 1);
+        Ok(())
+    }
+
+    fn kernel_gs_base(&self) -> Result<u64, String> {
+        Ok(self.kernel_gs_base)
     }
 
     fn signal_msi(&self, msi: &kvm_msi) -> Result<(), String> {
@@ -209,6 +223,8 @@ impl Rig {
             injected: Vec::new(),
             event_in_flight: false,
             msis: RefCell::default(),
+            lines: Cell::new(0),
+            kernel_gs_base: 0,
             single_step: None,
             failure: EmulationFailure {
                 suberror: 1,
