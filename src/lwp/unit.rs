@@ -178,6 +178,11 @@ impl LwpUnit {
         Ok(())
     }
 
+    /// Turns LWP off, as WRMSR LWP_CBADDR = 0 does.
+    pub fn off(&mut self) {
+        self.block = None;
+    }
+
     /// The loaded block, if LWP is on.
     pub fn block(&self) -> Option<&LoadedLwpcb> {
         self.block.as_ref()

@@ -109,6 +109,18 @@ pub enum StateOp {
     /// This vCPU's threshold interrupts go to its line (RDI = 1) or are
     /// MSIs again (RDI = 0).
     ThresholdLine = 6,
+    /// A task switches out: save into the area at RDI (as [`Save`]), turn
+    /// LWP off, and stop stepping; RDX returns where stepping stood (the
+    /// step origin, 0 for none).
+    ///
+    /// [`Save`]: StateOp::Save
+    SwitchOut = 7,
+    /// A task switches in: restore from the area at RDI (as [`Restore`]),
+    /// and resume stepping at the origin in RSI (0: none) when the context
+    /// is live; RDX returns 1 when stepping resumed.
+    ///
+    /// [`Restore`]: StateOp::Restore
+    SwitchIn = 8,
 }
 
 impl TryFrom<u8> for StateOp {
@@ -122,6 +134,8 @@ impl TryFrom<u8> for StateOp {
             4 => Ok(StateOp::UdRegs),
             5 => Ok(StateOp::DbRegs),
             6 => Ok(StateOp::ThresholdLine),
+            7 => Ok(StateOp::SwitchOut),
+            8 => Ok(StateOp::SwitchIn),
             other => Err(other),
         }
     }
@@ -309,7 +323,9 @@ mod tests {
             (4, Ok(StateOp::UdRegs), Err(4)),
             (5, Ok(StateOp::DbRegs), Err(5)),
             (6, Ok(StateOp::ThresholdLine), Err(6)),
-            (7, Err(7), Err(7)),
+            (7, Ok(StateOp::SwitchOut), Err(7)),
+            (8, Ok(StateOp::SwitchIn), Err(8)),
+            (9, Err(9), Err(9)),
             (0xff, Err(0xff), Err(0xff)),
         ];
         for (byte, state, power) in table {

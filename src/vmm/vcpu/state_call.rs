@@ -29,9 +29,13 @@ use crate::vmm::pv::{
 pub fn lwp_state_call(cx: &mut ExitCx<'_>) {
     cx.metrics.lwp_state_calls.fetch_add(1, Ordering::Relaxed);
     let (mut regs, sregs) = (cx.vcpu.regs(), cx.vcpu.sregs());
-    let (status, detail) = state_call(cx, regs.rax as u8, regs.rdi);
+    let (status, detail) = state_call(cx, regs.rax as u8, regs.rdi, regs.rsi);
     cx.lwp.note_lwpcb_space(sregs.cr3);
-    if let Some(fault) = detail {
+    let fault = match detail {
+        Detail::Fault(fault) => Some(fault),
+        _ => None,
+    };
+    if let Some(fault) = fault {
         cx.metrics.count_denial(fault);
     }
     if !matches!(
@@ -45,8 +49,12 @@ pub fn lwp_state_call(cx: &mut ExitCx<'_>) {
         );
     }
     regs.rax = status as u64;
-    regs.rdx = detail.map_or(0, |f| u64::from(f.vector()));
-    (regs.rcx, regs.r8) = match detail {
+    regs.rdx = match detail {
+        Detail::Fault(f) => u64::from(f.vector()),
+        Detail::Value(v) => v,
+        Detail::Nothing => 0,
+    };
+    (regs.rcx, regs.r8) = match fault {
         Some(GuestFault::PageFault {
             address,
             error_code,
@@ -54,6 +62,21 @@ pub fn lwp_state_call(cx: &mut ExitCx<'_>) {
         _ => (0, 0),
     };
     cx.vcpu.set_regs(&regs);
+}
+
+/// What a call returns besides its status: a fault (RDX, RCX, R8) or a
+/// value (RDX).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Detail {
+    Nothing,
+    Fault(GuestFault),
+    Value(u64),
+}
+
+impl From<Option<GuestFault>> for Detail {
+    fn from(fault: Option<GuestFault>) -> Self {
+        fault.map_or(Detail::Nothing, Detail::Fault)
+    }
 }
 
 /// Operation 4: the #UD doorbell's work for the saved-register frame at
@@ -105,75 +128,120 @@ fn ud_regs(cx: &mut ExitCx<'_>, sregs: &kvm_sregs, at: u64) -> (StateStatus, Opt
     }
 }
 
-fn state_call(cx: &mut ExitCx<'_>, op: u8, area_at: u64) -> (StateStatus, Option<GuestFault>) {
+fn state_call(cx: &mut ExitCx<'_>, op: u8, area_at: u64, rsi: u64) -> (StateStatus, Detail) {
     let sregs = cx.vcpu.sregs();
     if !privilege::is_kernel(&sregs) {
-        return (StateStatus::BadCall, None);
+        return (StateStatus::BadCall, Detail::Nothing);
     }
     if cx.lwp.unit().is_none() {
-        return (StateStatus::NoLwp, None);
+        return (StateStatus::NoLwp, Detail::Nothing);
     }
     let (Ok(paging), Ok(op)) = (cx.vcpu.paging(&sregs), StateOp::try_from(op)) else {
-        return (StateStatus::BadCall, None);
+        return (StateStatus::BadCall, Detail::Nothing);
     };
     let mut view = GuestView::new(cx.mem, paging);
     let in_lwpcb_space = cx.lwp.in_lwpcb_space(sregs.cr3);
     match op {
         StateOp::Save => {
-            let Some(unit) = cx.lwp.unit_mut() else {
-                return (StateStatus::NoLwp, None);
-            };
-            // The image has no MissedEvents: flush it (and the head) into
-            // the LWPCB as SLWPCB does, when its address space is current.
-            // A flush that faults is counted in the unit's flush_faults.
-            if in_lwpcb_space {
-                unit.flush_for_switch(&mut view);
-            }
-            let area = unit.save_xsave();
-            match view.write(area_at, area.as_slice(), Access::SupervisorWrite) {
-                Ok(()) => (StateStatus::Ok, None),
-                Err(_) => (StateStatus::BadArea, None),
-            }
+            let (status, fault) = save(cx, &mut view, area_at, in_lwpcb_space);
+            (status, fault.into())
         }
         StateOp::Restore => {
-            let mut area = LwpXsaveArea::INIT;
-            if view
-                .read(area_at, area.as_mut_slice(), Access::SupervisorRead)
-                .is_err()
-            {
-                return (StateStatus::BadArea, None);
+            let (status, fault) = restore(cx, &mut view, area_at);
+            (status, fault.into())
+        }
+        StateOp::SwitchOut => {
+            let (status, fault) = save(cx, &mut view, area_at, in_lwpcb_space);
+            if let Some(unit) = cx.lwp.unit_mut() {
+                unit.off();
             }
-            let Some(unit) = cx.lwp.unit_mut() else {
-                return (StateStatus::NoLwp, None);
-            };
-            match unit.restore_xsave(&mut view, &area) {
-                Ok(()) => (StateStatus::Ok, None),
-                Err(fault) => {
-                    // Never leave the previous context's LWPCB live for
-                    // the context being restored.
-                    let _ = unit.write_cbaddr(0);
-                    (StateStatus::Refused, Some(fault))
-                }
+            let origin = cx.lwp.stepper.take();
+            match status {
+                StateStatus::Ok => (status, Detail::Value(origin.unwrap_or(0))),
+                _ => (status, fault.into()),
             }
+        }
+        StateOp::SwitchIn => {
+            let (status, fault) = restore(cx, &mut view, area_at);
+            if status != StateStatus::Ok {
+                return (status, fault.into());
+            }
+            cx.lwp.note_lwpcb_space(sregs.cr3);
+            let resumed =
+                rsi != 0 && cx.lwp.precise_live(true, sregs.cr3) && cx.lwp.stepper.resume(rsi);
+            (status, Detail::Value(u64::from(resumed)))
         }
         StateOp::DeclareDb => {
             cx.lwp.declare_db();
-            (StateStatus::Ok, None)
+            (StateStatus::Ok, Detail::Nothing)
         }
-        StateOp::UdRegs => ud_regs(cx, &sregs, area_at),
+        StateOp::UdRegs => {
+            let (status, fault) = ud_regs(cx, &sregs, area_at);
+            (status, fault.into())
+        }
         StateOp::DbRegs => {
             let frame_at = area_at.wrapping_add(REGS_FRAME_OFFSET);
             match stepper::step_trap(cx, &sregs, frame_at) {
-                Reply::Handled => (StateStatus::Ok, None),
-                Reply::NotOurs => (StateStatus::NotOurs, None),
+                Reply::Handled => (StateStatus::Ok, Detail::Nothing),
+                Reply::NotOurs => (StateStatus::NotOurs, Detail::Nothing),
             }
         }
         StateOp::ThresholdLine => {
             if u32::from(cx.vcpu.id()) >= THRESHOLD_LINES {
-                return (StateStatus::NoLine, None);
+                return (StateStatus::NoLine, Detail::Nothing);
             }
             cx.lwp.set_threshold_line(area_at != 0);
-            (StateStatus::Ok, None)
+            (StateStatus::Ok, Detail::Nothing)
+        }
+    }
+}
+
+/// Saves the unit's state into the area at `area_at`.
+fn save(
+    cx: &mut ExitCx<'_>,
+    view: &mut GuestView<'_>,
+    area_at: u64,
+    in_lwpcb_space: bool,
+) -> (StateStatus, Option<GuestFault>) {
+    let Some(unit) = cx.lwp.unit_mut() else {
+        return (StateStatus::NoLwp, None);
+    };
+    // The image has no MissedEvents: flush it (and the head) into the
+    // LWPCB as SLWPCB does, when its address space is current. A flush
+    // that faults is counted in the unit's flush_faults.
+    if in_lwpcb_space {
+        unit.flush_for_switch(view);
+    }
+    let area = unit.save_xsave();
+    match view.write(area_at, area.as_slice(), Access::SupervisorWrite) {
+        Ok(()) => (StateStatus::Ok, None),
+        Err(_) => (StateStatus::BadArea, None),
+    }
+}
+
+/// Restores the unit's state from the untrusted area at `area_at`.
+fn restore(
+    cx: &mut ExitCx<'_>,
+    view: &mut GuestView<'_>,
+    area_at: u64,
+) -> (StateStatus, Option<GuestFault>) {
+    let mut area = LwpXsaveArea::INIT;
+    if view
+        .read(area_at, area.as_mut_slice(), Access::SupervisorRead)
+        .is_err()
+    {
+        return (StateStatus::BadArea, None);
+    }
+    let Some(unit) = cx.lwp.unit_mut() else {
+        return (StateStatus::NoLwp, None);
+    };
+    match unit.restore_xsave(view, &area) {
+        Ok(()) => (StateStatus::Ok, None),
+        Err(fault) => {
+            // Never leave the previous context's LWPCB live for the context
+            // being restored.
+            unit.off();
+            (StateStatus::Refused, Some(fault))
         }
     }
 }

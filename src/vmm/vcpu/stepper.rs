@@ -78,6 +78,24 @@ impl Stepper {
         self.state.db_declared = true;
     }
 
+    /// Stops stepping (a task switches out): the step origin, if a step was
+    /// in progress. A pending port instruction is forgotten with it.
+    pub(super) fn take(&mut self) -> Option<u64> {
+        self.state.pio_step = None;
+        self.state.step_from.take()
+    }
+
+    /// Resumes stepping at `origin` (a task switches in whose trap flag is
+    /// still set in its saved frame); only the trap-flag backend resumes
+    /// this way, the guest-debug one arms at the next exit.
+    pub(super) fn resume(&mut self, origin: u64) -> bool {
+        if !self.trap_flag() || !self.ready() {
+            return false;
+        }
+        self.state.step_from = Some(origin);
+        true
+    }
+
     fn trap_flag(&self) -> bool {
         self.backend == Some(StepBackend::TrapFlag)
     }
@@ -271,6 +289,7 @@ mod tests {
     use crate::vmm::pv::RFLAGS_CF;
     use crate::vmm::vcpu::doorbell::ud_doorbell;
     use crate::vmm::vcpu::testing::*;
+    use vm_memory::{Bytes, GuestAddress};
 
     const IRE: u32 = 1 << 2;
     const OUT_5B: [u8; 2] = [0xe6, 0x5b];
@@ -432,5 +451,42 @@ mod tests {
         r.lwp.unit_mut().unwrap().write_cbaddr(0).unwrap();
         debug_exit(&mut r.cx(), &exit).unwrap();
         assert_eq!(r.vcpu.single_step, Some(false));
+    }
+
+    /// A task switching out takes the stepping with it, and switching in
+    /// (on this vCPU or another) gives it back when its context is live.
+    #[test]
+    fn stepping_follows_the_task_across_switches() {
+        use crate::vmm::vcpu::state_call::lwp_state_call;
+        // (backend, image restored, origin given, RDX after switching in,
+        // step origin after)
+        let table = [
+            (StepBackend::TrapFlag, true, true, 1, Some(USER_CODE + 5)),
+            (StepBackend::TrapFlag, true, false, 0, None),
+            (StepBackend::TrapFlag, false, true, 0, None),
+            (StepBackend::GuestDebug, true, true, 0, None),
+        ];
+        for (backend, image, give, rdx, after) in table {
+            let what = format!("{backend:?} image {image} give {give}");
+            let mut r = stepping(backend);
+            r.at_cpl0();
+            r.vcpu.regs.rax = 7;
+            r.vcpu.regs.rdi = AREA;
+            lwp_state_call(&mut r.cx());
+            let origin = r.vcpu.regs.rdx;
+            assert_eq!((r.vcpu.regs.rax, origin), (0, USER_CODE + 5), "{what}");
+            assert_eq!(r.lwp.unit().unwrap().cbaddr(), 0, "{what}: LWP off");
+            assert_eq!(r.lwp.stepper.state().step_from, None, "{what}");
+            if !image {
+                r.mem.write_slice(&[0; 128], GuestAddress(AREA)).unwrap();
+            }
+            r.vcpu.regs.rax = 8;
+            r.vcpu.regs.rsi = if give { origin } else { 0 };
+            lwp_state_call(&mut r.cx());
+            assert_eq!((r.vcpu.regs.rax, r.vcpu.regs.rdx), (0, rdx), "{what}");
+            assert_eq!(r.lwp.stepper.state().step_from, after, "{what}");
+            let cb = if image { LWPCB } else { 0 };
+            assert_eq!(r.lwp.unit().unwrap().cbaddr(), cb, "{what}");
+        }
     }
 }
