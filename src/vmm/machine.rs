@@ -173,7 +173,7 @@ pub fn create(
             id,
             tsc_offset,
             PagingSource::new(&seen),
-            threshold_line(&vm, id)?,
+            (u32::from(id) < THRESHOLD_LINES).then(|| THRESHOLD_GSI + u32::from(id)),
         );
         vcpus.push(Vcpu::new(kvm_vcpu, table, lwp, tsc_khz));
     }
@@ -186,21 +186,6 @@ pub fn create(
         msr_indices,
         spec,
     })
-}
-
-/// The irqfd of vCPU `id`'s threshold line (docs/pv-abi.md), for the
-/// vCPUs that have one.
-fn threshold_line(vm: &VmFd, id: u8) -> Result<Option<EventFd>, VmError> {
-    if u32::from(id) >= THRESHOLD_LINES {
-        return Ok(None);
-    }
-    let line = EventFd::new(EFD_NONBLOCK).map_err(|source| VmError::Thread {
-        what: "threshold line",
-        source,
-    })?;
-    vm.register_irqfd(&line, THRESHOLD_GSI + u32::from(id))
-        .map_err(setup("KVM_IRQFD"))?;
-    Ok(Some(line))
 }
 
 /// KVM's supported CPUID.

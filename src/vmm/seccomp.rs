@@ -153,6 +153,7 @@ ioctl_iow_nr!(
 );
 ioctl_ior_nr!(KVM_GET_DEBUGREGS, KVMIO, 0xa1, kvm_bindings::kvm_debugregs);
 ioctl_iow_nr!(KVM_SIGNAL_MSI, KVMIO, 0xa5, kvm_bindings::kvm_msi);
+ioctl_iow_nr!(KVM_IRQ_LINE, KVMIO, 0x61, kvm_bindings::kvm_irq_level);
 ioctl_ior_nr!(KVM_GET_XCRS, KVMIO, 0xa6, kvm_bindings::kvm_xcrs);
 ioctl_ior_nr!(KVM_GET_XSAVE, KVMIO, 0xa4, kvm_bindings::kvm_xsave);
 ioctl_ior_nr!(KVM_GET_XSAVE2, KVMIO, 0xcf, kvm_bindings::kvm_xsave);
@@ -173,6 +174,8 @@ pub fn ioctls(kind: ThreadKind) -> Vec<(&'static str, u64)> {
             ("KVM_SET_VCPU_EVENTS", KVM_SET_VCPU_EVENTS()),
             ("KVM_SET_GUEST_DEBUG", KVM_SET_GUEST_DEBUG()),
             ("KVM_SIGNAL_MSI", KVM_SIGNAL_MSI()),
+            // A threshold interrupt on the vCPU's line (docs/pv-abi.md).
+            ("KVM_IRQ_LINE", KVM_IRQ_LINE()),
             // PKRU, for the guard's protection-key checks under CR4.PKE.
             ("KVM_GET_XSAVE", KVM_GET_XSAVE()),
             // Saving the vCPU's state for a snapshot.
@@ -367,6 +370,7 @@ mod tests {
             ("KVM_SET_REGS", 0x4090_ae82),
             ("KVM_GET_SREGS", 0x8138_ae83),
             ("KVM_SIGNAL_MSI", 0x4020_aea5),
+            ("KVM_IRQ_LINE", 0x4008_ae61),
             ("KVM_GET_IRQCHIP", 0xc208_ae62),
             ("KVM_GET_PIT2", 0x8070_ae9f),
             ("KVM_GET_VCPU_EVENTS", 0x8040_ae9f),

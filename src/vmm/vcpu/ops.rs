@@ -11,7 +11,6 @@ use kvm_bindings::{
     kvm_regs, kvm_sregs,
 };
 use kvm_ioctls::{SyncReg, VcpuFd, VmFd};
-use vmm_sys_util::eventfd::EventFd;
 
 use super::VcpuError;
 use crate::guard::{GuardError, Paging};
@@ -97,20 +96,20 @@ pub struct KvmVcpu {
     id: u8,
     tsc_offset: i64,
     paging: PagingSource,
-    threshold_line: Option<EventFd>,
+    threshold_gsi: Option<u32>,
 }
 
 impl KvmVcpu {
     /// `tsc_offset` turns the host TSC into the guest's; `paging` comes from
-    /// the CPUID the guest sees; `threshold_line` is the irqfd of the
-    /// vCPU's threshold line, when it has one.
+    /// the CPUID the guest sees; `threshold_gsi` is the GSI of the vCPU's
+    /// threshold line, when it has one.
     pub fn new(
         fd: VcpuFd,
         vm: Arc<VmFd>,
         id: u8,
         tsc_offset: i64,
         paging: PagingSource,
-        threshold_line: Option<EventFd>,
+        threshold_gsi: Option<u32>,
     ) -> Self {
         KvmVcpu {
             fd,
@@ -118,7 +117,7 @@ impl KvmVcpu {
             id,
             tsc_offset,
             paging,
-            threshold_line,
+            threshold_gsi,
         }
     }
 
@@ -223,8 +222,17 @@ impl VcpuOps for KvmVcpu {
     }
 
     fn raise_threshold_line(&self) -> Result<(), String> {
-        let line = self.threshold_line.as_ref().ok_or("no threshold line")?;
-        line.write(1).map_err(|e| e.to_string())
+        // KVM_IRQ_LINE, not an irqfd: an irqfd reaches the IOAPIC from a
+        // host work queue, later, when the task that crossed the threshold
+        // may no longer be the one running; this edge is pending in the
+        // local APIC before the vCPU runs again.
+        let gsi = self.threshold_gsi.ok_or("no threshold line")?;
+        for level in [true, false] {
+            self.vm
+                .set_irq_line(gsi, level)
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
     }
 
     fn kernel_gs_base(&self) -> Result<u64, String> {
