@@ -12,6 +12,9 @@
 //!   userspace, to the self-test's last line and to the process's end under
 //!   lwpvmm, and boot to userspace against QEMU's pc machine, when
 //!   installed, on the same kernel, initramfs and command line;
+//! - LWP in a Linux process through the guest module under `--lwp precise`:
+//!   one LWPINS against the bare round-trip guest's, and one stepped
+//!   instruction against the bare stepping guest's;
 //! - SMP: LWPINS records per second of one process on one vCPU against two
 //!   processes on two vCPUs (the Linux guest's lwp-rate), and Linux boot to
 //!   userspace on two vCPUs against one and against QEMU's pc machine with
@@ -19,7 +22,7 @@
 //!
 //! `cargo bench --bench vmm [-- WORD...]` (not run by CI; the words pick
 //! sections by name: round_trips, starts, snapshots, sampler, precise,
-//! linux_boot, smp). Cycle counts come from the
+//! linux_boot, linux_lwp, smp, devices). Cycle counts come from the
 //! guest's RDTSC, so the ratios do not depend on the TSC frequency. Wall
 //! time and peak RSS of whole processes come from GNU time (`apt-get install
 //! time`); QEMU from `apt-get install qemu-system-x86`.
@@ -50,7 +53,9 @@ const STARTS: usize = 20;
 /// round_trips section ran, for the Linux comparison.
 static BARE_LWPINS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
 
-fn round_trips() {
+/// Guest TSC cycles per iteration of the round-trip guest's loops: CPL3
+/// LWPINS, CPL3 OUT, CPL3 UD2, CPL0 RDMSR, CPL0 OUT.
+fn round_trip_cycles() -> [f64; 5] {
     let console = Arc::new(Mutex::new(Vec::new()));
     let config = VmConfig {
         kernel: lwpvmm::guests::get("roundtrip").expect("guest").to_vec(),
@@ -74,8 +79,16 @@ fn round_trips() {
             .collect();
         v[1] / v[0]
     };
-    let [lwpins, out, ud2, rdmsr, cpl0_out] =
-        ["lwpins", "out", "ud2", "rdmsr", "cpl0_out"].map(per_iter);
+    ["lwpins", "out", "ud2", "rdmsr", "cpl0_out"].map(per_iter)
+}
+
+/// Guest TSC cycles of one LWPINS in the bare round-trip guest.
+fn bare_lwpins() -> f64 {
+    round_trip_cycles()[0]
+}
+
+fn round_trips() {
+    let [lwpins, out, ud2, rdmsr, cpl0_out] = round_trip_cycles();
     let _ = BARE_LWPINS.set(lwpins);
     println!("round trips (guest TSC cycles per iteration, {ROUND_TRIP_ITERATIONS} iterations):");
     println!("  CPL3 lwpins via #UD doorbell      {lwpins:>10.0}");
@@ -483,14 +496,7 @@ fn linux_boot() {
             .join(" / ")
     };
     println!("  lwpvmm  {}", show(&l));
-    let linux_lwpins = console.lines().find_map(|l| {
-        l.trim()
-            .strip_prefix("lwpins from a Linux process: ")?
-            .split(' ')
-            .next()?
-            .parse::<f64>()
-            .ok()
-    });
+    let linux_lwpins = cycles_after(&console, "lwpins from a Linux process: ");
     match (linux_lwpins, BARE_LWPINS.get()) {
         (Some(linux), Some(bare)) => println!(
             "one LWPINS: Linux process {linux:.0} guest TSC cycles, bare guest {bare:.0}: ratio {:.2}",
@@ -523,6 +529,46 @@ fn linux_boot() {
 
 fn show_boot(boot: Option<Boot>) -> String {
     boot.map_or("-".into(), |b| format!("{:.2} ({:.2})", b.wall, b.kernel))
+}
+
+/// The guest TSC cycles a Linux self-test line gives after `prefix`.
+fn cycles_after(console: &str, prefix: &str) -> Option<f64> {
+    console.lines().find_map(|l| {
+        l.trim()
+            .strip_prefix(prefix)?
+            .split(' ')
+            .next()?
+            .parse::<f64>()
+            .ok()
+    })
+}
+
+/// One LWPINS and one stepped instruction from a Linux process (through the
+/// guest module, `--lwp precise`, one vCPU) against the bare guests', all
+/// measured in this run.
+fn linux_lwp() {
+    let Some((kernel, initramfs)) = linux_guest() else {
+        println!("linux_lwp: resources/linux/build.sh failed: skipped");
+        return;
+    };
+    let bare_lwpins = bare_lwpins();
+    let bare_step = stepping(false);
+    let args = lwpvmm_linux(&kernel, &initramfs, 1, &["--lwp", "precise"]);
+    let out = Command::new(&args[0])
+        .args(&args[1..])
+        .output()
+        .expect("run lwpvmm");
+    let console = String::from_utf8_lossy(&out.stdout);
+    let lwpins = cycles_after(&console, "lwpins from a Linux process: ");
+    let step = cycles_after(&console, "step from a Linux process: ");
+    println!("guest TSC cycles: bare LWPINS {bare_lwpins:.0}, bare step {bare_step:.0}");
+    let ratio = |linux: Option<f64>, bare: f64| {
+        linux.map_or("- (no timing on the Linux console)".into(), |l| {
+            format!("{:.2}  ({l:.0} cycles)", l / bare)
+        })
+    };
+    println!("linux lwpins/bare = {}", ratio(lwpins, bare_lwpins));
+    println!("linux step/bare step = {}", ratio(step, bare_step));
 }
 
 /// Records per second of the Linux guest's `lwp-rate` with `procs`
@@ -927,13 +973,14 @@ fn main() {
         .skip(1)
         .filter(|a| !a.starts_with('-'))
         .collect();
-    let sections: [(&str, fn()); 8] = [
+    let sections: [(&str, fn()); 9] = [
         ("round_trips", round_trips),
         ("starts", starts),
         ("snapshots", snapshots),
         ("sampler", sampler),
         ("precise", precise),
         ("linux_boot", linux_boot),
+        ("linux_lwp", linux_lwp),
         ("smp", smp),
         ("devices", devices),
     ];

@@ -106,7 +106,7 @@ fn the_selftest_booted_from_a_disk_passes_and_leaves_its_result_on_it() {
     );
     for line in [
         "lwp-linux-selftest: cpus 1",
-        "lwp-linux-selftest: 20 passed, 0 failed",
+        "lwp-linux-selftest: 22 passed, 0 failed",
         "lwp-linux-selftest: result written to /lwp-selftest.result",
     ] {
         assert!(console.contains(line), "missing {line:?}:\n{console}");
@@ -129,7 +129,7 @@ fn the_selftest_booted_from_a_disk_passes_and_leaves_its_result_on_it() {
         "{boot_line:?} not in {result:?}"
     );
     assert!(
-        result.contains("lwp-linux-selftest: 20 passed, 0 failed"),
+        result.contains("lwp-linux-selftest: 22 passed, 0 failed"),
         "{result:?}"
     );
     let doc: serde_json::Value =

@@ -1,12 +1,14 @@
 //! lwpvmm boots the Linux guest of resources/linux: the SMP kernel built
-//! from Debian's linux-source-6.1 with our patches (built once, then cached
-//! under the target directory) and the LWP self-test as /init, which runs
+//! from Debian's linux-source-6.1 with our host-quirk patches only (built
+//! once, then cached under the target directory), the lwpvmm guest module
+//! that /init loads first, and the LWP self-test as /init, which runs
 //! unmodified -mlwp programs: records, two interleaved processes, faults,
 //! the threshold interrupt, a sampled profile whose host-side report these
-//! tests check, and on SMP processes and threads recording at once on
-//! different CPUs, a migrating process, the interrupt reaching the right
-//! CPU, and fork and exec storms; on one, two and four vCPUs, and across a
-//! snapshot of the running guest.
+//! tests check, a 32-bit program, and on SMP processes and threads
+//! recording at once on different CPUs, a migrating process, the interrupt
+//! reaching the right CPU, and fork and exec storms; under `--lwp precise`
+//! exact instruction and branch counts; on one, two and four vCPUs, and
+//! across a snapshot of the running guest.
 //!
 //! These tests need /dev/kvm and fail, loudly, where it is missing; building
 //! the kernel needs the packages build.sh installs (apt-get, as root).
@@ -78,7 +80,7 @@ fn top_function(report: &str) -> Option<&str> {
 }
 
 /// The self-test's programs, each one check line of /init.
-const PROGRAMS: [&str; 9] = [
+const PROGRAMS: [&str; 10] = [
     "/lwp-records",
     "/lwp-two",
     "/lwp-faults",
@@ -88,22 +90,29 @@ const PROGRAMS: [&str; 9] = [
     "/lwp-threads",
     "/lwp-migrate",
     "/lwp-storm",
+    "/lwp-compat32",
 ];
 /// What a full self-test with LWP prints last: 11 checks of its own, one
 /// per program.
-const ALL_PASSED: &str = "lwp-linux-selftest: 20 passed, 0 failed";
+const ALL_PASSED: &str = "lwp-linux-selftest: 22 passed, 0 failed";
 
 /// Asserts that `console` is a whole, passing self-test on `cpus` CPUs.
 fn assert_selftest_passed(console: &str, cpus: u8) {
+    assert_selftest_passed_with(console, cpus, ALL_PASSED);
+}
+
+/// As [`assert_selftest_passed`], with the summary line `summary`.
+fn assert_selftest_passed_with(console: &str, cpus: u8, summary: &str) {
     let cpus_line = format!("lwp-linux-selftest: cpus {cpus}");
     let mut lines: Vec<String> = PROGRAMS.iter().map(|p| format!("ok - {p}")).collect();
     lines.extend(
         [
             "lwpvmm: LWP for user tasks",
+            "ok - the lwpvmm guest module loads",
             "ok - every CPU is in /proc/cpuinfo and its CPUID topology names it by its APIC ID",
             "ok - LWP_CFG reads what the kernel enabled at boot, on every CPU",
             SYSENTRY,
-            ALL_PASSED,
+            summary,
             &cpus_line,
         ]
         .map(String::from),
@@ -203,6 +212,27 @@ fn a_guest_on_two_vcpus_passes_profiles_and_resumes_from_a_snapshot() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The self-test under `--lwp precise` on one vCPU: the module reports
+/// single-step traps, and the precise-event program counts a loop's
+/// instructions and branches exactly, also while its own debugger
+/// single-steps it.
+#[test]
+fn precise_events_count_a_linux_loop_exactly() {
+    let (out, console) = run_linux(&["--lwp", "precise"]);
+    assert_eq!(out.status.code(), Some(0), "{console}");
+    assert_selftest_passed_with(&console, 1, "lwp-linux-selftest: 23 passed, 0 failed");
+    for line in [
+        "precise events",
+        "ok - IRE exact for a 2000-instruction loop",
+        "ok - BRE exact for its 1000 branches",
+        "ok - BRE records in the loop name its branch and target",
+        "ok - under ptrace: the debugger sees each of its 50 single steps, and IRE stays exact",
+        "ok - /lwp-precise",
+    ] {
+        assert!(console.contains(line), "missing {line:?}:\n{console}");
+    }
+}
+
 /// Also the four-vCPU run (more vCPUs than this host has cores): the guest
 /// sees exactly four CPUs, each named by its APIC ID in every topology
 /// leaf.
@@ -215,7 +245,7 @@ fn a_stock_guest_sees_the_leaf_but_runs_no_lwp_programs() {
         "smp: Brought up 1 node, 4 CPUs",
         "lwp-linux-selftest: cpus 4",
         "ok - every CPU is in /proc/cpuinfo and its CPUID topology names it by its APIC ID",
-        "lwp-linux-selftest: 11 passed, 0 failed",
+        "lwp-linux-selftest: 12 passed, 0 failed",
         "LWP programs not run: CPUID 0x8000001c.EAX has no LwpAvail",
         "lwpvmm: paravirtual interface found",
     ] {
@@ -243,7 +273,7 @@ fn without_lwp_the_selftest_sees_none() {
         "not ok - LWP_CFG reads what the kernel enabled at boot, on every CPU",
         "not ok - LWP_CBADDR reads 0 at boot",
         SYSENTRY,
-        "lwp-linux-selftest: 4 passed, 7 failed",
+        "lwp-linux-selftest: 5 passed, 7 failed",
     ] {
         assert!(console.contains(line), "missing {line:?}:\n{console}");
     }

@@ -1,11 +1,15 @@
 #!/bin/sh
 # Builds lwpvmm's Linux guest: OUTDIR/vmlinux from Debian's linux-source-6.1
-# with lwpvmm.config on top of tinyconfig and the patches in patches/, and
-# OUTDIR/initramfs.cpio holding the LWP self-test as /init.
+# with lwpvmm.config on top of tinyconfig and the host-quirk patches in
+# patches/, the guest module OUTDIR/lwpvmm.ko (module/) built against that
+# tree, and OUTDIR/initramfs.cpio holding the LWP self-test as /init (which
+# loads the module).
 #
-# The kernel is cached in OUTDIR keyed by a hash of the source package
-# version, this script, the config fragment and the patches: a second run
-# only rebuilds the (tiny) initramfs. docs/linux-guest.md explains every part.
+# The kernel and module are cached in OUTDIR keyed by a hash of the source
+# package version, this script, the config fragment, the patches and the
+# module's source: a second run only rebuilds the (tiny) initramfs.
+# LWPVMM_KEEP_TREE=1 keeps the kernel tree (OUTDIR/linux-source-6.1) for
+# rebuilding the module by hand. docs/linux-guest.md explains every part.
 set -eu
 
 usage() { echo "usage: $0 OUTDIR" >&2; exit 2; }
@@ -25,6 +29,7 @@ need_packages() {
     done
     [ -f /usr/include/gelf.h ] || missing="$missing libelf-dev"
     [ -f /usr/include/openssl/ssl.h ] || missing="$missing libssl-dev"
+    [ -d /usr/lib/gcc/x86_64-linux-gnu/12/32 ] || missing="$missing gcc-multilib"
     command -v mke2fs >/dev/null 2>&1 || missing="$missing e2fsprogs"
     [ -z "$missing" ] && return 0
     log "installing$missing"
@@ -42,19 +47,19 @@ OUT=$(cd "$OUT" && pwd)
 VERSION=$(dpkg-query -W -f '${Version}' linux-source-6.1 2>/dev/null || echo unknown)
 # The key covers the kernel's half of this script only (up to the userspace
 # marker), so that changing the programs does not rebuild the kernel.
-KEY=$( (echo "$VERSION"; sed '/^# ---- userspace ----/q' "$HERE/build.sh"; cat "$HERE/lwpvmm.config" "$HERE"/patches/*.patch) |
+KEY=$( (echo "$VERSION"; sed '/^# ---- userspace ----/q' "$HERE/build.sh"; cat "$HERE/lwpvmm.config" "$HERE"/patches/*.patch "$HERE"/module/*) |
     sha256sum | cut -c1-16)
 TREE="$OUT/linux-source-6.1"
 # What the initramfs step needs from the kernel tree, kept when the 1.5 GB
 # build tree is removed.
 SUPPORT="$OUT/support"
 
-if [ -f "$OUT/vmlinux" ] && [ -f "$SUPPORT/gen_init_cpio.c" ] &&
+if [ -f "$OUT/vmlinux" ] && [ -f "$OUT/lwpvmm.ko" ] && [ -f "$SUPPORT/gen_init_cpio.c" ] &&
     [ "$(cat "$OUT/vmlinux.key" 2>/dev/null)" = "$KEY" ]; then
     log "kernel $KEY is cached"
 else
     log "building kernel $KEY (about 90 s on 2 cores)"
-    rm -rf "$TREE" "$SUPPORT" "$OUT/vmlinux" "$OUT/vmlinux.key"
+    rm -rf "$TREE" "$SUPPORT" "$OUT/vmlinux" "$OUT/vmlinux.key" "$OUT/lwpvmm.ko"
     tar xf "$TARBALL" -C "$OUT"
     for p in "$HERE"/patches/*.patch; do
         log "applying $(basename "$p")"
@@ -75,12 +80,23 @@ else
             *) grep -qx "$line" "$TREE/.config" || { log "config fragment: $line did not take"; exit 1; } ;;
         esac
     done
-    make -s -C "$TREE" ARCH=x86_64 -j"$JOBS" vmlinux
+    make -s -C "$TREE" ARCH=x86_64 -j"$JOBS" vmlinux modules_prepare
     cp "$TREE/vmlinux" "$OUT/vmlinux"
+    # The module, out of tree as a user builds it on their own kernel. The
+    # vmlinux half of the symbol versions is all it links against (KVM=m
+    # is never built).
+    cp "$TREE/vmlinux.symvers" "$TREE/Module.symvers"
+    rm -rf "$OUT/module"
+    cp -r "$HERE/module" "$OUT/module"
+    make -s -C "$TREE" ARCH=x86_64 M="$OUT/module" modules 2>&1 | tee "$OUT/module.log" >&2
+    if grep -qi "warning" "$OUT/module.log"; then
+        log "the module built with warnings (module.log)"; exit 1
+    fi
+    cp "$OUT/module/lwpvmm.ko" "$OUT/lwpvmm.ko"
     mkdir -p "$SUPPORT"
     cp -r "$TREE/tools/include/nolibc" "$SUPPORT/nolibc"
     cp "$TREE/usr/gen_init_cpio.c" "$SUPPORT/gen_init_cpio.c"
-    rm -rf "$TREE"
+    [ "${LWPVMM_KEEP_TREE:-0}" = 1 ] || rm -rf "$TREE"
     echo "$KEY" >"$OUT/vmlinux.key"
 fi
 
@@ -94,10 +110,13 @@ dir /dev 0755 0 0
 nod /dev/console 0600 0 0 c 5 1
 dir /proc 0755 0 0
 LIST
-# Every init/*.c is a program: selftest.c becomes /init, the others /NAME.
+# Every init/*.c is a program: selftest.c becomes /init, the others /NAME;
+# *-m32.c are 32-bit programs (gcc-multilib).
 for src in "$HERE"/init/*.c; do
     prog=$(basename "$src" .c)
-    gcc -static -nostdlib -fno-stack-protector -fno-asynchronous-unwind-tables \
+    bits=-m64
+    case $prog in *-m32) bits=-m32 ;; esac
+    gcc $bits -static -nostdlib -fno-stack-protector -fno-asynchronous-unwind-tables \
         -O2 -Wall -Werror -mlwp -mno-avx -mno-avx2 -mno-avx512f \
         -I "$SUPPORT/nolibc" -include nolibc.h \
         -o "$OUT/bin/$prog" "$src" -lgcc
@@ -105,6 +124,7 @@ for src in "$HERE"/init/*.c; do
     [ "$prog" = selftest ] && name=/init
     echo "file $name $OUT/bin/$prog 0755 0 0" >>"$OUT/initramfs.list"
 done
+echo "file /lwpvmm.ko $OUT/lwpvmm.ko 0644 0 0" >>"$OUT/initramfs.list"
 gcc -O2 -o "$OUT/gen_init_cpio" "$SUPPORT/gen_init_cpio.c"
 "$OUT/gen_init_cpio" "$OUT/initramfs.list" >"$OUT/initramfs.cpio"
 
@@ -120,5 +140,6 @@ for src in "$HERE"/init/*.c; do
     [ "$prog" = selftest ] && name=init
     cp "$OUT/bin/$prog" "$ROOT/$name"
 done
+cp "$OUT/lwpvmm.ko" "$ROOT/lwpvmm.ko"
 mke2fs -q -F -t ext4 -L lwpvmm-root -E root_owner=0:0 -d "$ROOT" "$OUT/rootfs.ext4" 32M
 log "wrote $OUT/vmlinux, $OUT/initramfs.cpio and $OUT/rootfs.ext4"

@@ -47,12 +47,11 @@ const CMDLINE_MAX: usize = 4096;
 /// around kvm_pvm, whose CPL0 emulation is slow and incomplete: clearcpuid
 /// hides features whose instructions its emulator cannot run (XSAVE is the
 /// one that matters; CLAC/STAC, POPCNT and friends would otherwise need
-/// emulating in lwpvmm), and `noint3selftest` and `nompscan` are
-/// parameters of our host-quirk patches. docs/linux-guest.md has the
-/// details.
+/// emulating in lwpvmm), and `nompscan` is a parameter of our host-quirk
+/// patches. docs/linux-guest.md has the details.
 pub const LINUX_CMDLINE: &str = "console=ttyS0 reboot=k panic=-1 rdinit=/init nopti nokaslr \
      clearcpuid=141,145,150,151,154,288,291,296,297,298,308,534,580 \
-     no_timer_check noint3selftest nompscan rodata=off";
+     no_timer_check nompscan rodata=off";
 /// The command line that boots the same kernel from the first disk
 /// (/dev/vda) instead of an initramfs, mounted read-only when the disk is.
 pub fn disk_cmdline(read_only: bool) -> String {

@@ -7,7 +7,17 @@
 #ifndef LWPVMM_LINUX_LWP_H
 #define LWPVMM_LINUX_LWP_H
 
+#ifdef __x86_64__
 #include <x86intrin.h>
+#else
+/* 32-bit programs: gcc's stddef.h, which x86intrin.h brings, declares a
+ * size_t that nolibc's contradicts; the builtins behind the LWP intrinsics
+ * need no header. */
+#define __llwpcb(cb) __builtin_ia32_llwpcb(cb)
+#define __slwpcb() __builtin_ia32_slwpcb()
+#define __lwpins32(d2, d1, f) __builtin_ia32_lwpins32((d2), (d1), (f))
+#define __lwpval32(d2, d1, f) __builtin_ia32_lwpval32((d2), (d1), (f))
+#endif
 #include <asm/ioctls.h>
 
 #define LWP_AVAIL (1u << 0)

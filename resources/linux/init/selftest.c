@@ -7,21 +7,27 @@
  * check, then the summary line the host-side tests look for, and powers
  * off.
  *
- * It first prints `lwp-linux-selftest: cpus N`, N counted as
+ * It first loads the lwpvmm guest module (/lwpvmm.ko, built from
+ * resources/linux/module against this kernel, which carries no guest patch),
+ * which gives processes LWP, and powers the VM off at the end.
+ *
+ * It prints `lwp-linux-selftest: cpus N`, N counted as
  * sysconf(_SC_NPROCESSORS_ONLN) counts, and checks that every CPU's CPUID
  * topology names it by its APIC ID and that the kernel enabled LWP on each.
  *
  * User-mode CPUID runs natively on nested hosts such as kvm_pvm and returns
  * the host's leaves, so the leaves are read through /dev/cpu/N/cpuid, whose
- * driver executes CPUID in the kernel, and /proc/lwp_cpuid (our kernel
- * patch 0004) must give the same leaf 0x8000001C.
+ * driver executes CPUID in the kernel, and /proc/lwp_cpuid (the module)
+ * must give the same leaf 0x8000001C.
  *
  * /sysentry checks that our host-quirk patch 0001 cannot be abused by a
  * process that jumps to the SYSCALL entry itself.
  *
  * Then, when the leaf says the OS enabled LWP (EAX.LwpAvail), it runs the
- * LWP programs (unmodified -mlwp programs, each a check of its own); without
- * LwpAvail they are not run, and say so. With `lwpsnap=1` on the kernel
+ * LWP programs (unmodified -mlwp programs, each a check of its own, one of
+ * them a 32-bit program), and when the leaf offers IRE and BRE (`--lwp
+ * precise`) the precise-event program too; without LwpAvail they are not
+ * run, and say so. With `lwpsnap=1` on the kernel
  * command line (the kernel hands it to /init's environment) it writes
  * lwpvmm's snapshot debug port halfway through them, so that a run with
  * --snapshot-on-port snapshots a busy SMP guest.
@@ -45,13 +51,13 @@
 #define EXT_FEATURES_ECX_LWP (1u << 15)
 #define MSR_LWP_CFG 0xc0000105u
 #define MSR_LWP_CBADDR 0xc0000106u
-/* What the kernel enables in LWP_CFG when it runs LWP for user tasks: the
- * event enables, CONT and PTSC the leaf offers, and INT with the kernel's
- * threshold vector 0xf5 (patch 0004). */
+/* What the module enables in LWP_CFG when it runs LWP for user tasks: the
+ * event enables, CONT and PTSC the leaf offers, and INT, delivered on the
+ * CPU's threshold line (so without a vector). */
 #define LWP_CFG_ENABLES 0x6000007eu
 #define LWP_CFG_INT (1u << 31)
-#define LWP_THRESHOLD_VECTOR 0xf5ull
 #define LWP_CFG_COREID_SHIFT 32
+#define LWP_IRE_BRE (3u << 2)
 /* lwpvmm's snapshot debug port (docs/pv-abi.md). */
 #define SNAPSHOT_PORT 0x5a
 
@@ -270,7 +276,7 @@ static unsigned long long kernel_cfg(const unsigned int lwp[4], int cpu)
 	if (!(lwp[0] & 1))
 		return 0;
 	if (lwp[3] & LWP_CFG_INT)
-		value |= LWP_CFG_INT | LWP_THRESHOLD_VECTOR << 40;
+		value |= LWP_CFG_INT;
 	return value | (unsigned long long)(cpu & 0xff) << LWP_CFG_COREID_SHIFT;
 }
 
@@ -313,6 +319,19 @@ static void write_result(const char *boot_line, const char *summary_line)
 	       ok ? "written to" : "could not be written to");
 }
 
+/* Loads the lwpvmm guest module: whether the kernel took it. */
+static int load_module(void)
+{
+	int fd = open("/lwpvmm.ko", O_RDONLY);
+	long ret = fd < 0 ? -1 : my_syscall3(__NR_finit_module, fd, "", 0);
+
+	if (fd >= 0)
+		close(fd);
+	if (ret)
+		printf("  finit_module: %ld\n", ret);
+	return ret == 0;
+}
+
 /* Runs /NAME with `value` as its argument, then powers off. */
 static void device_program(const char *name, const char *value, char **envp)
 {
@@ -327,7 +346,7 @@ int main(int argc, char **argv, char **envp)
 	static const char *const programs[] = {
 		"/lwp-records", "/lwp-two",	 "/lwp-faults",	 "/lwp-hot",
 		"/lwp-pinned",	"/lwp-threshold", "/lwp-threads", "/lwp-migrate",
-		"/lwp-storm",
+		"/lwp-storm",	"/lwp-compat32",
 	};
 	/* The snapshot point comes after this many programs. */
 	const unsigned int snapshot_after = 5;
@@ -339,6 +358,8 @@ int main(int argc, char **argv, char **envp)
 
 	mount("proc", "/proc", "proc", 0, 0);
 	mount("devtmpfs", "/dev", "devtmpfs", 0, 0);
+	/* Before anything else: it is also what powers the VM off. */
+	check("the lwpvmm guest module loads", load_module());
 	if (env_value(envp, "lwprate")) {
 		/* The SMP benchmark's run instead of the self-test. */
 		char *rate[] = { "/lwp-rate", (char *)env_value(envp, "lwprate"), 0 };
@@ -404,6 +425,12 @@ int main(int argc, char **argv, char **envp)
 				snapshot_point();
 			printf("%s:\n", programs[i]);
 			check(programs[i], run_program(programs[i], 0, envp));
+		}
+		if ((lwp[3] & LWP_IRE_BRE) == LWP_IRE_BRE) {
+			printf("/lwp-precise:\n");
+			check("/lwp-precise", run_program("/lwp-precise", 0, envp));
+		} else {
+			printf("/lwp-precise not run: the leaf offers no IRE and BRE\n");
 		}
 	} else {
 		printf("LWP programs not run: CPUID 0x8000001c.EAX has no LwpAvail\n");
