@@ -1,6 +1,7 @@
 //! The instruction path: arbitrary bytes decoded and emulated as if a #UD
-//! doorbell had brought them, with arbitrary registers, against guest memory
-//! that maps a few pages. Nothing may panic.
+//! doorbell had brought them, with arbitrary registers, in 64-, 32- or
+//! 16-bit code with arbitrary segment bases, against guest memory that maps
+//! a few pages. Nothing may panic.
 #![no_main]
 
 use kvm_bindings::kvm_regs;
@@ -10,11 +11,11 @@ use lwpvmm::guard::{GuestMemory, GuestView, Paging, PagingCaps};
 
 use lwpvmm::lwp::cpuid::LwpProfile;
 use lwpvmm::lwp::unit::LwpUnit;
-use lwpvmm::vmm::lwp_insn::{Context, emulate};
+use lwpvmm::vmm::lwp_insn::{Context, SegmentBases, emulate};
 use vm_memory::GuestAddress;
 
 fuzz_target!(|data: &[u8]| {
-    if data.len() < 16 + 8 * 4 {
+    if data.len() < 16 + 8 * 5 {
         return;
     }
     let mem = GuestMemory::from_ranges(&[(GuestAddress(0), 4 << 20)]).expect("memory");
@@ -43,8 +44,12 @@ fuzz_target!(|data: &[u8]| {
         rflags: 0x202,
         rip: 0x40_1000,
         user: data[15] & 1 == 0,
-        fs_base: 0,
-        gs_base: 0,
+        bitness: [64, 32, 16, 64][usize::from(data[15] >> 1 & 3)],
+        bases: SegmentBases {
+            ds: word(4),
+            fs: word(4).rotate_left(17),
+            ..SegmentBases::default()
+        },
     };
     let len = usize::from(data[14] % 16).min(15);
     let _ = emulate(&mut view, Some(&mut unit), &mut ctx, &data[..len], 0);

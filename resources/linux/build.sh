@@ -9,7 +9,8 @@
 # package version, this script, the config fragment, the patches and the
 # module's source: a second run only rebuilds the (tiny) initramfs.
 # LWPVMM_KEEP_TREE=1 keeps the kernel tree (OUTDIR/linux-source-6.1) for
-# rebuilding the module by hand. docs/linux-guest.md explains every part.
+# rebuilding the module by hand. module-on-debian.sh builds the same module
+# against Debian's own kernel headers. docs/linux-guest.md explains every part.
 set -eu
 
 usage() { echo "usage: $0 OUTDIR" >&2; exit 2; }

@@ -184,7 +184,8 @@ mod tests {
         let view = GuestView::new(&r.mem, r.vcpu.paging(&sregs).unwrap());
         // (CS, SS, result: CPL and code size) over the rig's GDT
         // (crate::vmm::vcpu::testing)
-        let table: [(u64, u64, Result<(u8, u32), FrameError>); 14] = [
+        type Case = (u64, u64, Result<(u8, u32), FrameError>);
+        let table: [Case; 14] = [
             (0x08, 0x10, Ok((0, 64))),
             (0x43, 0x1b, Ok((3, 32))),
             (0x08, 0, Ok((0, 64))),
