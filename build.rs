@@ -35,6 +35,7 @@ const GUESTS: &[&str] = &[
     "privilege",
     "pku",
     "virtio_hostile",
+    "compat32",
 ];
 
 /// Guests that share another guest's CPL0 part: (guest, assembly source).

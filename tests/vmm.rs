@@ -147,6 +147,15 @@ fn each_lwp_instruction_through_the_shim() {
     assert!(outcome.metrics.total.cpl0_lwp == 3 || outcome.metrics.total.ud_handled >= 53);
 }
 
+/// LWP instructions in a compatibility-mode (32-bit) code segment, through
+/// the same #UD doorbell: decoded with the segment's size.
+#[test]
+fn lwp_instructions_in_a_32_bit_code_segment() {
+    let outcome = passes("compat32", LwpProfile::Emulated);
+    assert!(outcome.metrics.total.ud_handled >= 6);
+    assert_eq!(outcome.metrics.total.ud_faults, 0);
+}
+
 #[test]
 fn lwp_instructions_are_ud_without_the_profile_or_the_shim() {
     // The guest's #UD handler reports an unexpected #UD with exit value

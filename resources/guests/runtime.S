@@ -396,6 +396,7 @@ gdt_tss_ap:
         .quad 0x0000890000000000 + (tss_end - tss - 1)
         .quad 0
         .quad 0x00af9e000000ffff        /* 0x50 conforming code 64, DPL 0 */
+        .quad 0x00cffb000000ffff        /* 0x58 user code 32 (compatibility mode) */
 gdt_end:
 gdt_desc:
         .word gdt_end - gdt - 1
