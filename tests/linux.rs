@@ -226,7 +226,7 @@ fn precise_events_count_a_linux_loop_exactly() {
         "ok - IRE exact for a 2000-instruction loop",
         "ok - BRE exact for its 1000 branches",
         "ok - BRE records in the loop name its branch and target",
-        "ok - under ptrace: the debugger sees each of its 50 single steps, and IRE stays exact",
+        "ok - under ptrace: the debugger sees each of its 50 single steps and an INT3, and IRE stays exact",
         "ok - /lwp-precise",
     ] {
         assert!(console.contains(line), "missing {line:?}:\n{console}");

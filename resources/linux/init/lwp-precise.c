@@ -7,7 +7,8 @@
  * the counters ran down) less those of a one-iteration run are the loop's
  * 2000 instructions and 1000 branches. Then the same loop under the
  * process's own debugger: a traced child single-stepped by its parent
- * counts the same, and the parent sees every one of its steps.
+ * counts the same, and the parent sees every one of its steps and the
+ * child's INT3.
  */
 #include "lwp.h"
 
@@ -45,6 +46,11 @@ extern const char precise_loop_ret[];
 
 static struct lwpcb cb __attribute__((aligned(64)));
 static struct lwp_record ring[SLOTS] __attribute__((aligned(4096)));
+
+static int stopped_by(int status, int sig)
+{
+	return (status & 0xff) == 0x7f && ((status >> 8) & 0xff) == sig;
+}
 
 /* What one run of the loop left: events counted per EventId, and whether
  * every BRE record inside it names the loop's branch and target. */
@@ -99,8 +105,10 @@ static struct run run_loop(unsigned long iterations)
 }
 
 /* The loop in a child its parent single-steps DEBUGGER_STEPS times before
- * letting it go: the child's exit status says whether its counts were
- * exact, the return value how many steps the parent saw. */
+ * letting it go; the child then runs an INT3, whose SIGTRAP stop its parent
+ * must see too. The child's exit status says whether its counts were
+ * exact, the return value how many steps the parent saw (-3: no INT3
+ * stop). */
 static int under_a_debugger(unsigned long long want_ire)
 {
 	int status = 0, steps = 0;
@@ -113,6 +121,7 @@ static int under_a_debugger(unsigned long long want_ire)
 		kill(getpid(), SIGSTOP);
 		one = run_loop(1);
 		many = run_loop(ITERATIONS + 1);
+		__asm__ volatile("int3");
 		exit(many.ire - one.ire == want_ire ? 0 : 1);
 	}
 	if (pid < 0 || waitpid(pid, &status, 0) != pid)
@@ -121,9 +130,14 @@ static int under_a_debugger(unsigned long long want_ire)
 		if (my_syscall4(__NR_ptrace, PTRACE_SINGLESTEP, pid, 0, 0) != 0 ||
 		    waitpid(pid, &status, 0) != pid)
 			return -1;
-		if ((status & 0xff) != 0x7f || ((status >> 8) & 0xff) != SIGTRAP)
+		if (!stopped_by(status, SIGTRAP))
 			break;
 		steps++;
+	}
+	my_syscall4(__NR_ptrace, PTRACE_CONT, pid, 0, 0);
+	if (waitpid(pid, &status, 0) != pid || !stopped_by(status, SIGTRAP)) {
+		printf("    after the steps: wait status %x, not the INT3's SIGTRAP\n", status);
+		return -3;
 	}
 	my_syscall4(__NR_ptrace, PTRACE_CONT, pid, 0, 0);
 	if (waitpid(pid, &status, 0) != pid || status != 0)
@@ -147,7 +161,7 @@ int main(void)
 	/* The cost of one stepped instruction, for the benchmark. */
 	printf("  step from a Linux process: %llu guest TSC cycles per instruction\n",
 	       (many.cycles - one.cycles) / (2 * ITERATIONS));
-	check_eq("under ptrace: the debugger sees each of its 50 single steps, and IRE stays exact",
+	check_eq("under ptrace: the debugger sees each of its 50 single steps and an INT3, and IRE stays exact",
 		 under_a_debugger(2 * ITERATIONS), DEBUGGER_STEPS);
 	return summary("lwp-precise");
 }
