@@ -30,7 +30,7 @@ need_packages() {
     done
     [ -f /usr/include/gelf.h ] || missing="$missing libelf-dev"
     [ -f /usr/include/openssl/ssl.h ] || missing="$missing libssl-dev"
-    [ -d /usr/lib/gcc/x86_64-linux-gnu/12/32 ] || missing="$missing gcc-multilib"
+    [ -f "$(gcc -m32 -print-libgcc-file-name 2>/dev/null)" ] || missing="$missing gcc-multilib"
     command -v mke2fs >/dev/null 2>&1 || missing="$missing e2fsprogs"
     [ -z "$missing" ] && return 0
     log "installing$missing"

@@ -319,7 +319,8 @@ static void lwp_fault(struct lwp_task *st, struct pt_regs *regs,
 {
 	struct lwp_fault *f;
 
-	if (r->dx != X86_TRAP_PF) {
+	/* Without a state the retries cannot be bounded: no second try. */
+	if (!st || r->dx != X86_TRAP_PF) {
 		force_sig(SIGSEGV);
 		return;
 	}
@@ -354,17 +355,16 @@ static int lwp_ud(struct pt_regs *regs)
 		return NOTIFY_DONE;
 	if (!st)
 		st = lwp_task_new();
-	if (!st) {
+	if (r.status == ST_FAULT) {
+		lwp_fault(st, regs, &r);
+	} else if (!st) {
 		/* No memory for the state: LWP cannot follow this task. */
 		lwp_off();
 		pr_warn_ratelimited("no memory for the LWP state of %s[%d]; LWP is off for it\n",
 				    current->comm, task_pid_nr(current));
-		return NOTIFY_STOP;
-	}
-	if (r.status == ST_FAULT)
-		lwp_fault(st, regs, &r);
-	else
+	} else {
 		st->fault_count = 0;
+	}
 	return NOTIFY_STOP;
 }
 
