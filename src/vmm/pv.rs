@@ -109,9 +109,10 @@ pub enum StateOp {
     /// This vCPU's threshold interrupts go to its line (RDI = 1) or are
     /// MSIs again (RDI = 0).
     ThresholdLine = 6,
-    /// A task switches out: save into the area at RDI (as [`Save`]), turn
-    /// LWP off, and stop stepping; RDX returns where stepping stood (the
-    /// step origin, 0 for none).
+    /// A task switches out: save into the area at RDI (as [`Save`]; RSI = 1
+    /// skips the flush into the LWPCB, for a task whose address space is
+    /// going away), turn LWP off, and stop stepping; RDX returns where
+    /// stepping stood (the step origin, 0 for none).
     ///
     /// [`Save`]: StateOp::Save
     SwitchOut = 7,

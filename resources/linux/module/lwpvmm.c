@@ -191,8 +191,9 @@ static void free_dead_states(struct irq_work *work)
 
 static DEFINE_IRQ_WORK(reaper, free_dead_states);
 
-/* The calling task's LWP state, or NULL.  Only the task itself changes its
- * notifier list, with interrupts off, so interrupts may look too. */
+/* A task's LWP state, or NULL.  Only the task itself changes its notifier
+ * list (this module with interrupts off; KVM, for its own, with preemption
+ * off), so an interrupt on its CPU finds the list whole. */
 static struct lwp_task *lwp_task_of(struct task_struct *t)
 {
 	struct preempt_notifier *pn;
@@ -217,6 +218,15 @@ static void lwp_off(void)
 	pv_call(OP_RESTORE, lwp_off_area, 0);
 }
 
+/* Turns LWP off for a task whose address space is going away (exec, exit):
+ * no flush into it, and lwpvmm stops stepping it. */
+static void lwp_off_for_good(struct lwp_task *st)
+{
+	pv_call(OP_SWITCH_OUT, st->area, 1);
+	memset(st->area, 0, sizeof(st->area));
+	st->step_from = 0;
+}
+
 /* Creates the calling task's state; interrupts are off. */
 static struct lwp_task *lwp_task_new(void)
 {
@@ -230,7 +240,7 @@ static struct lwp_task *lwp_task_new(void)
 	return st;
 }
 
-/* Drops the calling task's state with LWP off (exec, exit). */
+/* Drops the calling task's state with LWP off (exec). */
 static void lwp_task_drop(void)
 {
 	struct lwp_task *st;
@@ -239,7 +249,7 @@ static void lwp_task_drop(void)
 	local_irq_save(flags);
 	st = lwp_task_of(current);
 	if (st) {
-		lwp_off();
+		lwp_off_for_good(st);
 		preempt_notifier_unregister(&st->pn);
 	}
 	local_irq_restore(flags);
@@ -254,9 +264,7 @@ static void lwp_sched_out(struct preempt_notifier *pn, struct task_struct *next)
 	if (current->mm != st->mm) {
 		/* After exit_mm(): the LWPCB's address space is gone or going;
 		 * never flush into it. */
-		lwp_off();
-		memset(st->area, 0, sizeof(st->area));
-		st->step_from = 0;
+		lwp_off_for_good(st);
 		/* The task's last switch: the scheduler is still walking its
 		 * notifiers, so the state is freed after it. */
 		if (READ_ONCE(current->__state) == TASK_DEAD) {

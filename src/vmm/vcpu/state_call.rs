@@ -151,7 +151,10 @@ fn state_call(cx: &mut ExitCx<'_>, op: u8, area_at: u64, rsi: u64) -> (StateStat
             (status, fault.into())
         }
         StateOp::SwitchOut => {
-            let (status, fault) = save(cx, &mut view, area_at, in_lwpcb_space);
+            // RSI = 1: the task's address space is going away (exit): no
+            // flush into it.
+            let flush = in_lwpcb_space && rsi == 0;
+            let (status, fault) = save(cx, &mut view, area_at, flush);
             if let Some(unit) = cx.lwp.unit_mut() {
                 unit.off();
             }
@@ -196,20 +199,21 @@ fn state_call(cx: &mut ExitCx<'_>, op: u8, area_at: u64, rsi: u64) -> (StateStat
     }
 }
 
-/// Saves the unit's state into the area at `area_at`.
+/// Saves the unit's state into the area at `area_at`, first flushing it
+/// into the LWPCB when `flush` (its address space is current).
 fn save(
     cx: &mut ExitCx<'_>,
     view: &mut GuestView<'_>,
     area_at: u64,
-    in_lwpcb_space: bool,
+    flush: bool,
 ) -> (StateStatus, Option<GuestFault>) {
     let Some(unit) = cx.lwp.unit_mut() else {
         return (StateStatus::NoLwp, None);
     };
     // The image has no MissedEvents: flush it (and the head) into the
-    // LWPCB as SLWPCB does, when its address space is current. A flush
-    // that faults is counted in the unit's flush_faults.
-    if in_lwpcb_space {
+    // LWPCB as SLWPCB does. A flush that faults is counted in the unit's
+    // flush_faults.
+    if flush {
         unit.flush_for_switch(view);
     }
     let area = unit.save_xsave();
@@ -606,6 +610,34 @@ mod tests {
                 on,
                 "{profile} {rdi}"
             );
+        }
+    }
+
+    /// Switching out flushes the ring head into the LWPCB unless the task's
+    /// address space is going away (RSI = 1); either way LWP is off after.
+    #[test]
+    fn switch_out_flushes_unless_told_not_to() {
+        // (RSI, head in the LWPCB after)
+        for (rsi, head) in [(0u64, 32u32), (1, 0)] {
+            let mut r = Rig::new(LwpProfile::Emulated, None);
+            r.lwpcb(0x2);
+            r.code(USER_CODE, &LLWPCB_RAX);
+            r.frame(USER_CODE, USER_CS, USER_DS, 0x202);
+            r.vcpu.regs.rax = LWPCB;
+            doorbell::ud_doorbell(&mut r.cx()).unwrap();
+            r.code(USER_CODE + 5, &LWPINS);
+            r.frame(USER_CODE + 5, USER_CS, USER_DS, 0x202);
+            doorbell::ud_doorbell(&mut r.cx()).unwrap();
+            r.vcpu.regs.rax = 7;
+            r.vcpu.regs.rdi = AREA;
+            r.vcpu.regs.rsi = rsi;
+            lwp_state_call(&mut r.cx());
+            assert_eq!(r.vcpu.regs.rax, 0, "RSI {rsi}");
+            let cb: crate::lwp::lwpcb::LwpcbFixed = r.mem.read_obj(GuestAddress(LWPCB)).unwrap();
+            assert_eq!(cb.head, head, "RSI {rsi}");
+            assert_eq!(r.lwp.unit().unwrap().cbaddr(), 0, "RSI {rsi}: LWP off");
+            let image: LwpXsaveArea = r.mem.read_obj(GuestAddress(AREA)).unwrap();
+            assert_eq!(image.lwpcb_address, LWPCB, "RSI {rsi}: the image saved");
         }
     }
 }
