@@ -1,9 +1,11 @@
 //! Precise events by single-stepping, per vCPU: the backend this host
 //! allows, whether the guest declared its #DB doorbell, and where the
 //! stepped context stands (the instruction that retires at the next step,
-//! and a port instruction whose trap kvm_pvm drops). The #DB doorbell, KVM's
-//! Debug exits, stepping across an emulated LWP instruction and arming at an
-//! exit live here; what one step retires is `vmm::step`. docs/pv-abi.md.
+//! and a port instruction whose trap kvm_pvm drops). The #DB doorbell (and
+//! its register call), KVM's Debug exits, stepping across an emulated LWP
+//! instruction, arming at an exit, and handing the step origin to a guest
+//! that switches tasks and back live here; what one step retires is
+//! `vmm::step`. docs/pv-abi.md.
 
 use std::sync::atomic::Ordering;
 
