@@ -53,11 +53,13 @@
 #define MSR_LWP_CBADDR 0xc0000106u
 /* What the module enables in LWP_CFG when it runs LWP for user tasks: the
  * event enables, CONT and PTSC the leaf offers, and INT, delivered on the
- * CPU's threshold line (so without a vector). */
+ * CPU's threshold line (so without a vector), on the CPUs that have one
+ * (lwpvmm's leaf 0x40000102.EBX counts them). */
 #define LWP_CFG_ENABLES 0x6000007eu
 #define LWP_CFG_INT (1u << 31)
 #define LWP_CFG_COREID_SHIFT 32
 #define LWP_IRE_BRE (3u << 2)
+#define LEAF_PV_LINES 0x40000102u
 /* lwpvmm's snapshot debug port (docs/pv-abi.md). */
 #define SNAPSHOT_PORT 0x5a
 
@@ -268,14 +270,15 @@ static void snapshot_point(void)
 	printf("after the snapshot point\n");
 }
 
-/* The LWP_CFG the kernel writes on CPU `cpu` when the leaf enables LWP. */
-static unsigned long long kernel_cfg(const unsigned int lwp[4], int cpu)
+/* The LWP_CFG the module writes on CPU `cpu` when the leaf enables LWP;
+ * `lines` CPUs have a threshold line. */
+static unsigned long long kernel_cfg(const unsigned int lwp[4], int cpu, int lines)
 {
 	unsigned long long value = lwp[3] & LWP_CFG_ENABLES;
 
 	if (!(lwp[0] & 1))
 		return 0;
-	if (lwp[3] & LWP_CFG_INT)
+	if ((lwp[3] & LWP_CFG_INT) && cpu < lines)
 		value |= LWP_CFG_INT;
 	return value | (unsigned long long)(cpu & 0xff) << LWP_CFG_COREID_SHIFT;
 }
@@ -351,7 +354,7 @@ int main(int argc, char **argv, char **envp)
 	/* The snapshot point comes after this many programs. */
 	const unsigned int snapshot_after = 5;
 	unsigned int i;
-	unsigned int ext[4] = { 0 }, lwp[4] = { 0 };
+	unsigned int ext[4] = { 0 }, lwp[4] = { 0 }, lines[4] = { 0 };
 	unsigned long long cfg = ~0ull, cbaddr = ~0ull, boot_cfg = ~0ull, value;
 	char want[64], file[64], boot_id[64], boot_line[128], summary_line[96];
 	int cpu, cpus, topology = 1, every_cfg = 1;
@@ -396,9 +399,11 @@ int main(int argc, char **argv, char **envp)
 	check("/proc/lwp_cpuid gives the same leaf",
 	      slurp("/proc/lwp_cpuid", file, sizeof(file)) > 0 &&
 		      strcmp(file, want) == 0);
+	if (!cpuid(LEAF_PV_LINES, lines))
+		lines[1] = 0;
 	for (cpu = 0; cpu < cpus; cpu++) {
 		every_cfg &= msr_on(cpu, MSR_LWP_CFG, &value, 0) &&
-			     value == kernel_cfg(lwp, cpu);
+			     value == kernel_cfg(lwp, cpu, (int)lines[1]);
 		if (cpu == 0)
 			boot_cfg = value;
 	}
