@@ -27,8 +27,8 @@
  *   longer the one it enabled LWP in (after exit_mm()) only ever turns LWP
  *   off, and its last sched_out (TASK_DEAD) hands the state to an irq_work
  *   that frees it once the switch is over.  No tracepoint or kprobe: both
- *   would need CONFIG_TRACEPOINTS or CONFIG_KPROBES, and the first costs
- *   our emulated boot 25 s.
+ *   would need CONFIG_TRACEPOINTS or CONFIG_KPROBES, and the first cost
+ *   our emulated boot 25 s (docs/linux-guest.md).
  * - Precise events: lwpvmm single-steps a task whose LWPCB counts retired
  *   instructions or branches; each trap reaches the die notifier as
  *   DIE_DEBUG and goes to the #DB register call.  A trap lwpvmm did not
