@@ -9,7 +9,7 @@
 use iced_x86::{
     Decoder, DecoderError, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind, Register,
 };
-use kvm_bindings::kvm_regs;
+use kvm_bindings::{kvm_regs, kvm_sregs};
 
 use super::pv::RFLAGS_CF;
 use crate::guard::{Access, GuestView};
@@ -58,12 +58,23 @@ pub struct SegmentBases {
 }
 
 impl SegmentBases {
-    /// The bases of a 64-bit context: FS and GS only.
-    pub fn long_mode(fs: u64, gs: u64) -> Self {
-        SegmentBases {
-            fs,
-            gs,
+    /// The bases the segment registers in `s` hold, for code of `bitness`
+    /// (64-bit code: FS and GS only).
+    pub fn loaded(s: &kvm_sregs, bitness: u32) -> Self {
+        let long = SegmentBases {
+            fs: s.fs.base,
+            gs: s.gs.base,
             ..Default::default()
+        };
+        if bitness == 64 {
+            return long;
+        }
+        SegmentBases {
+            es: s.es.base,
+            cs: s.cs.base,
+            ss: s.ss.base,
+            ds: s.ds.base,
+            ..long
         }
     }
 }
@@ -468,6 +479,31 @@ mod tests {
 
     fn done(next_rip: u64, mnemonic: LwpMnemonic) -> Outcome {
         Outcome::Done { next_rip, mnemonic }
+    }
+
+    #[test]
+    fn segment_bases_apply_outside_64_bit_code_only() {
+        let mut s = kvm_sregs::default();
+        (
+            s.es.base, s.cs.base, s.ss.base, s.ds.base, s.fs.base, s.gs.base,
+        ) = (1, 2, 3, 4, 5, 6);
+        // (bitness, bases)
+        let table = [
+            (64, [0, 0, 0, 0, 5, 6]),
+            (32, [1, 2, 3, 4, 5, 6]),
+            (16, [1, 2, 3, 4, 5, 6]),
+        ];
+        for (bitness, [es, cs, ss, ds, fs, gs]) in table {
+            let want = SegmentBases {
+                es,
+                cs,
+                ss,
+                ds,
+                fs,
+                gs,
+            };
+            assert_eq!(SegmentBases::loaded(&s, bitness), want, "{bitness}");
+        }
     }
 
     #[test]

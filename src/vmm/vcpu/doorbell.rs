@@ -130,24 +130,17 @@ pub fn behind_doorbell(
         }
         _ => sregs.gs.base,
     };
-    let bases = if code.bitness == 64 {
-        SegmentBases::long_mode(sregs.fs.base, gs_base)
-    } else {
-        // Compatibility mode: the kernel's 64-bit entry leaves DS, ES and FS
-        // as the context loaded them; SS comes from the frame.
-        let ss = u16::try_from(frame.ss)
+    // The CPU runs the handler: DS, ES and FS are the context's as it
+    // loaded them, CS and SS come from the frame, GS as `gs` says.
+    let mut bases = SegmentBases::loaded(sregs, code.bitness);
+    bases.gs = gs_base;
+    if code.bitness != 64 {
+        bases.cs = code.cs_base;
+        bases.ss = u16::try_from(frame.ss)
             .ok()
             .and_then(|s| privilege::load_segment(&view, sregs, s))
             .map_or(0, |s| s.base);
-        SegmentBases {
-            es: sregs.es.base,
-            cs: code.cs_base,
-            ss,
-            ds: sregs.ds.base,
-            fs: sregs.fs.base,
-            gs: gs_base,
-        }
-    };
+    }
     let tsc = cx.vcpu.guest_tsc();
     let mut ctx = Context {
         regs,
@@ -233,7 +226,6 @@ pub fn emulation_failure(cx: &mut ExitCx<'_>) -> Result<VcpuStep, VcpuError> {
     let tsc = cx.vcpu.guest_tsc();
     let (rsp, rflags, rip) = (regs.rsp, regs.rflags, regs.rip);
     let bitness = lwp_insn::code_bitness(sregs.cs.l, sregs.cs.db);
-    let s = &sregs;
     let mut ctx = Context {
         regs: &mut regs,
         rsp,
@@ -241,18 +233,7 @@ pub fn emulation_failure(cx: &mut ExitCx<'_>) -> Result<VcpuStep, VcpuError> {
         rip,
         user: privilege::is_user(&sregs),
         bitness,
-        bases: if bitness == 64 {
-            SegmentBases::long_mode(s.fs.base, s.gs.base)
-        } else {
-            SegmentBases {
-                es: s.es.base,
-                cs: s.cs.base,
-                ss: s.ss.base,
-                ds: s.ds.base,
-                fs: s.fs.base,
-                gs: s.gs.base,
-            }
-        },
+        bases: SegmentBases::loaded(&sregs, bitness),
     };
     let outcome = lwp_insn::emulate(&mut view, cx.lwp.insn_unit(), &mut ctx, bytes, tsc);
     let (rsp, rflags) = (ctx.rsp, ctx.rflags);
