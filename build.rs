@@ -52,6 +52,8 @@ const CFLAGS: &[&str] = &[
     "-fno-pie",
     "-fno-stack-protector",
     "-fno-asynchronous-unwind-tables",
+    // The host-side trace unwinds guest stacks by frame pointers.
+    "-fno-omit-frame-pointer",
     "-fcf-protection=none",
     "-mno-red-zone",
     "-mgeneral-regs-only",

@@ -24,7 +24,52 @@ use common::{linux, require_kvm};
 /// user may set.
 const SYSENTRY: &str = "ok - /sysentry: patch 0001 runs only real SYSCALLs, with user flags";
 
-fn run_linux(extra: &[&str]) -> (Output, String) {
+/// What a Linux run printed. Its `Display` leads with what a failing test
+/// needs (the self-test's failed checks, then lwpvmm's standard error and
+/// the console's last lines), because CI shows only the start of a
+/// failure's message; the whole console follows.
+struct Console {
+    stdout: String,
+    stderr: String,
+}
+
+impl std::ops::Deref for Console {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.stdout
+    }
+}
+
+impl std::fmt::Display for Console {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        const TAIL: usize = 30;
+        writeln!(
+            f,
+            "--- failed checks, with the details indented under them ---"
+        )?;
+        let mut in_failure = false;
+        for line in self.stdout.lines() {
+            in_failure = line.contains("not ok") || (in_failure && line.starts_with("    "));
+            if in_failure {
+                writeln!(f, "{line}")?;
+            }
+        }
+        writeln!(
+            f,
+            "--- lwpvmm's standard error ---\n{}",
+            self.stderr.trim_end()
+        )?;
+        let lines: Vec<&str> = self.stdout.lines().collect();
+        writeln!(f, "--- the console's last {TAIL} lines ---")?;
+        for line in &lines[lines.len().saturating_sub(TAIL)..] {
+            writeln!(f, "{line}")?;
+        }
+        write!(f, "--- the whole console ---\n{}", self.stdout)
+    }
+}
+
+fn run_linux(extra: &[&str]) -> (Output, Console) {
     require_kvm();
     let dir = linux();
     let kernel = dir.join("vmlinux");
@@ -43,7 +88,10 @@ fn run_linux(extra: &[&str]) -> (Output, String) {
         .args(&args)
         .output()
         .expect("run lwpvmm");
-    let console = String::from_utf8_lossy(&out.stdout).into_owned();
+    let console = Console {
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
     (out, console)
 }
 
@@ -97,12 +145,12 @@ const PROGRAMS: [&str; 10] = [
 const ALL_PASSED: &str = "lwp-linux-selftest: 22 passed, 0 failed";
 
 /// Asserts that `console` is a whole, passing self-test on `cpus` CPUs.
-fn assert_selftest_passed(console: &str, cpus: u8) {
+fn assert_selftest_passed(console: &Console, cpus: u8) {
     assert_selftest_passed_with(console, cpus, ALL_PASSED);
 }
 
 /// As [`assert_selftest_passed`], with the summary line `summary`.
-fn assert_selftest_passed_with(console: &str, cpus: u8, summary: &str) {
+fn assert_selftest_passed_with(console: &Console, cpus: u8, summary: &str) {
     let cpus_line = format!("lwp-linux-selftest: cpus {cpus}");
     let mut lines: Vec<String> = PROGRAMS.iter().map(|p| format!("ok - {p}")).collect();
     lines.extend(
@@ -155,11 +203,10 @@ fn a_guest_on_two_vcpus_passes_profiles_and_resumes_from_a_snapshot() {
         dir_arg,
         "--snapshot-on-port",
     ]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(
         out.status.code(),
         Some(0),
-        "lwpvmm run did not end with the guest's power-off:\n{console}\n{stderr}"
+        "lwpvmm run did not end with the guest's power-off:\n{console}"
     );
     assert_selftest_passed(&console, 2);
     assert!(
@@ -190,13 +237,11 @@ fn a_guest_on_two_vcpus_passes_profiles_and_resumes_from_a_snapshot() {
         .args(["restore", dir_arg])
         .output()
         .expect("run lwpvmm restore");
-    let after = String::from_utf8_lossy(&restored.stdout);
-    assert_eq!(
-        restored.status.code(),
-        Some(0),
-        "{after}\n{}",
-        String::from_utf8_lossy(&restored.stderr)
-    );
+    let after = Console {
+        stdout: String::from_utf8_lossy(&restored.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&restored.stderr).into_owned(),
+    };
+    assert_eq!(restored.status.code(), Some(0), "{after}");
     assert!(
         after.contains("after the snapshot point") && !after.contains("self-test starting"),
         "the restored guest resumes at the port write:\n{after}"

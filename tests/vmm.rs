@@ -311,6 +311,97 @@ fn sampled_events_stay_in_their_address_space() {
     std::fs::remove_file(trace).unwrap();
 }
 
+/// The sampler kicks a vCPU only while its unit has a clock event armed:
+/// none at all for a guest that never enables CNH or RNH, although the
+/// profile offers them and the sampler runs.
+#[test]
+fn the_sampler_kicks_only_armed_vcpus() {
+    // (lwp= of the throughput guest, kicked)
+    for (lwp, kicked) in [(0, false), (1, true)] {
+        let profiling = Profiling {
+            sample_hz: 1000,
+            ..Default::default()
+        };
+        let cmdline = format!("lwp={lwp} work=300000000");
+        let (outcome, text) = boot_profiled(
+            "throughput",
+            LwpProfile::Emulated,
+            GuestLwpSupport::Shim,
+            &cmdline,
+            1,
+            profiling,
+        );
+        assert_eq!(outcome.end, VmEnd::Guest(GuestEnd::ExitPort(0)), "{text}");
+        let m = &outcome.metrics.total;
+        assert_eq!(
+            m.sampler_kicks > 0,
+            kicked,
+            "lwp={lwp}: {} kicks",
+            m.sampler_kicks
+        );
+        assert_eq!(m.samples_charged > 0, kicked, "lwp={lwp}");
+    }
+}
+
+/// The trace has the call stack of each sampled record, unwound by the
+/// guest's frame pointers; the report folds it, outermost first, and
+/// writes it as a pprof profile whose samples have the same stacks.
+#[test]
+fn sampled_records_have_call_stacks_in_the_report_and_the_pprof() {
+    let dir = std::env::temp_dir().join(format!("lwpvmm-test-{}-stacks", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (trace, folded, pprof) = (dir.join("t"), dir.join("f"), dir.join("p.pb.gz"));
+    let profiling = Profiling {
+        sample_hz: 1000,
+        trace: Some(trace.clone()),
+        ..Default::default()
+    };
+    let (outcome, text) = boot_profiled(
+        "demo",
+        LwpProfile::Emulated,
+        GuestLwpSupport::Shim,
+        "",
+        1,
+        profiling,
+    );
+    assert_eq!(outcome.end, VmEnd::Guest(GuestEnd::ExitPort(0)), "{text}");
+    let elf = guest_file("demo");
+    let out = lwpvmm(&[
+        "report",
+        trace.to_str().unwrap(),
+        "--symbols",
+        elf.to_str().unwrap(),
+        "--folded",
+        folded.to_str().unwrap(),
+        "--pprof",
+        pprof.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let lines = std::fs::read_to_string(&folded).unwrap();
+    for work in ["work_1", "work_2", "work_4"] {
+        assert!(
+            lines.lines().any(|l| l.contains(&format!(";main;{work} "))),
+            "{work} is called from main:\n{lines}"
+        );
+    }
+    let profile = lwpvmm::profile::pprof::read(&std::fs::read(&pprof).unwrap()).unwrap();
+    let name = |location: u64| {
+        let l = &profile.location[location as usize - 1];
+        let f = &profile.function[l.line.first()?.function_id as usize - 1];
+        Some(profile.string_table[f.name as usize].clone())
+    };
+    let stacked = profile
+        .sample
+        .iter()
+        .filter(|s| s.location_id.len() >= 2)
+        .filter(|s| name(s.location_id[0]).as_deref() == Some("work_4"))
+        .filter(|s| name(s.location_id[1]).as_deref() == Some("main"))
+        .count();
+    assert!(stacked > 0, "a work_4 sample called from main: {profile:?}");
+    std::fs::remove_dir_all(dir).unwrap();
+    std::fs::remove_file(elf).unwrap();
+}
+
 #[test]
 fn precise_events_by_single_stepping() {
     for profile in [LwpProfile::Precise, LwpProfile::Bulldozer] {

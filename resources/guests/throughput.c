@@ -1,7 +1,8 @@
 /* CPL3 throughput under the sampler: times a fixed loop with RDTSC and
  * prints "throughput CYCLES". With `lwp=1` the loop runs under an LWPCB
- * with sampled CPU clocks (CNH), so every kick charges it; with `lwp=0` the
- * sampler only kicks (a null sampler). `work=` sets the loop length. */
+ * with sampled CPU clocks (CNH), so every kick charges it; with `lwp=0` no
+ * clock event is armed, so the sampler never kicks. `work=` sets the loop
+ * length, `interval=` the CNH interval (small: a record at every kick). */
 #include <x86intrin.h>
 #include "lib.h"
 #include "lwp.h"
@@ -17,7 +18,7 @@ int main(void)
         cb.flags = LWP_CNH | LWP_CONT;
         cb.buffer_size = sizeof(ring);
         cb.buffer_base = (u64)ring;
-        cb.events[4].interval = 0x1ffffff;
+        cb.events[4].interval = cmdline_number("interval", 0x1ffffff);
         __llwpcb(&cb);
     }
     u32 lo, hi;

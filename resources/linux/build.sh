@@ -30,7 +30,13 @@ need_packages() {
     done
     [ -f /usr/include/gelf.h ] || missing="$missing libelf-dev"
     [ -f /usr/include/openssl/ssl.h ] || missing="$missing libssl-dev"
-    [ -f "$(gcc -m32 -print-libgcc-file-name 2>/dev/null)" ] || missing="$missing gcc-multilib"
+    # 32-bit programs need gcc-multilib: its libgcc (under /32/; without it
+    # gcc names the 64-bit one) and the kernel headers for -m32.
+    case "$(gcc -m32 -print-libgcc-file-name 2>/dev/null)" in
+    */32/*) printf '#include <linux/types.h>\n' | gcc -m32 -E -x c - >/dev/null 2>&1 ||
+        missing="$missing gcc-multilib" ;;
+    *) missing="$missing gcc-multilib" ;;
+    esac
     command -v mke2fs >/dev/null 2>&1 || missing="$missing e2fsprogs"
     [ -z "$missing" ] && return 0
     log "installing$missing"
@@ -104,7 +110,8 @@ fi
 # ---- userspace ----
 # The initramfs: always rebuilt, it takes a second. Static programs on the
 # kernel's nolibc, without AVX (kvm_pvm does not preserve it across guest
-# processes); the LWP programs use gcc's -mlwp intrinsics.
+# processes); the LWP programs use gcc's -mlwp intrinsics. Frame pointers
+# let the host-side trace unwind their stacks.
 mkdir -p "$OUT/bin"
 cat >"$OUT/initramfs.list" <<LIST
 dir /dev 0755 0 0
@@ -118,7 +125,7 @@ for src in "$HERE"/init/*.c; do
     bits=-m64
     case $prog in *-m32) bits=-m32 ;; esac
     gcc $bits -static -nostdlib -fno-stack-protector -fno-asynchronous-unwind-tables \
-        -O2 -Wall -Werror -mlwp -mno-avx -mno-avx2 -mno-avx512f \
+        -fno-omit-frame-pointer -O2 -Wall -Werror -mlwp -mno-avx -mno-avx2 -mno-avx512f \
         -I "$SUPPORT/nolibc" -include nolibc.h \
         -o "$OUT/bin/$prog" "$src" -lgcc
     name=/$prog

@@ -40,6 +40,7 @@ fn guest_config(
                 trace: Some(trace),
                 trace_max: GUEST_TRACE_MAX,
                 metrics: None,
+                ..Profiling::default()
             },
             ..HostConfig::default()
         },

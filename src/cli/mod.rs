@@ -148,6 +148,11 @@ pub struct HostArgs {
     /// past it are counted in the metrics, not written.
     #[arg(long, default_value = "1G", value_parser = parse_size)]
     pub trace_max: u64,
+    /// Leave call stacks out of the trace (by default each sampled, LWPINS
+    /// and LWPVAL record has the stack of the context it was stored for,
+    /// unwound by the guest's frame pointers).
+    #[arg(long)]
+    pub no_stacks: bool,
     /// Directory for snapshots (state.bin and memory.bin). With it, SIGUSR2
     /// takes a snapshot while the VM runs; the VM continues afterwards.
     #[arg(long)]
@@ -206,6 +211,7 @@ impl From<&HostArgs> for HostConfig {
                 sample_hz: a.sample_hz,
                 trace: a.trace.clone(),
                 trace_max: a.trace_max,
+                stacks: !a.no_stacks,
                 metrics: a.metrics.clone(),
             },
         }
@@ -249,9 +255,15 @@ pub struct ProfileArgs {
 pub struct ReportArgs {
     /// The trace file.
     pub trace: PathBuf,
-    /// The guest ELF whose symbol table names the functions.
+    /// The guest ELF whose symbol table names the functions (every
+    /// address no reported mapping covers).
     #[arg(long)]
     pub symbols: Option<PathBuf>,
+    /// A directory holding the guest's files: the executables the guest
+    /// reported for each address space (the lwpvmm guest module does) are
+    /// read from it, and each process's frames named with its own.
+    #[arg(long)]
+    pub sysroot: Option<PathBuf>,
     /// Count only records of this EventId (default: CNH if the trace has
     /// it, else RNH, else every record).
     #[arg(long)]
@@ -259,12 +271,16 @@ pub struct ReportArgs {
     /// How many functions to list.
     #[arg(long, default_value_t = 20)]
     pub top: usize,
-    /// Write folded stacks (one frame deep) to this file.
+    /// Write folded stacks (outermost frame first) to this file.
     #[arg(long)]
     pub folded: Option<PathBuf>,
     /// Write a flamegraph SVG to this file.
     #[arg(long)]
     pub svg: Option<PathBuf>,
+    /// Write a pprof profile (gzipped profile.proto, every EventId a sample
+    /// type) to this file, for `go tool pprof`, Pyroscope, Parca or Grafana.
+    #[arg(long)]
+    pub pprof: Option<PathBuf>,
 }
 
 /// `--lwp` values.
@@ -383,9 +399,14 @@ pub enum CliError {
     UnknownEvent(u8),
     /// A flamegraph or folded stacks were asked for, with nothing to draw.
     #[error(
-        "the trace has no records of {0}: there is no flamegraph or folded stack to write, so nothing was written (choose another --event)"
+        "the trace has no records of {0}: there is no flamegraph, folded stack or profile to write, so nothing was written (choose another --event)"
     )]
     NothingToDraw(String),
+    /// `--sysroot` is not a directory.
+    #[error(
+        "--sysroot {0}: not a directory (give the directory holding the guest's files; extract an initramfs with `cpio -idm < initramfs.cpio`)"
+    )]
+    Sysroot(PathBuf),
     /// The run went on, but something it was asked to do failed.
     #[error("{}", .0.join("; "))]
     Incomplete(Vec<String>),

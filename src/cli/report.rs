@@ -8,8 +8,10 @@ use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
 use crate::lwp::record::EventId;
-use crate::profile::report::{self, Symbols, Tally};
-use crate::profile::trace::{self, TraceSummary};
+use crate::profile::objects::{Resolver, Symbols};
+use crate::profile::pprof;
+use crate::profile::report::{self, ReportError, Tally};
+use crate::profile::trace::{self, Entry, TraceSummary};
 
 use super::{CliError, ReportArgs, read};
 
@@ -80,12 +82,31 @@ pub fn report(out: &mut dyn Write, args: &ReportArgs) -> Result<u8, CliError> {
         .as_deref()
         .map(|p| PendingFile::open("--svg", p))
         .transpose()?;
-    let symbols = match &args.symbols {
-        Some(path) => Some(Symbols::from_elf(&read("symbol file", path)?)?),
-        None => None,
-    };
+    let pprof_file = args
+        .pprof
+        .as_deref()
+        .map(|p| PendingFile::open("--pprof", p))
+        .transpose()?;
+    let elf = args
+        .symbols
+        .as_ref()
+        .map(|path| read("symbol file", path))
+        .transpose()?;
+    if let Some(elf) = &elf {
+        Symbols::from_elf(elf).map_err(ReportError::Symbols)?;
+    }
+    if let Some(root) = args.sysroot.as_ref().filter(|r| !r.is_dir()) {
+        return Err(CliError::Sysroot(root.clone()));
+    }
+    let mut resolver = Resolver::new(
+        args.symbols
+            .as_ref()
+            .zip(elf.as_deref())
+            .map(|(path, elf)| (path.display().to_string(), elf)),
+        args.sysroot.clone(),
+    );
     let terminal = std::io::stderr().is_terminal();
-    let (summary, tally) = tally(&args.trace, |n| {
+    let (summary, tally) = tally(&args.trace, &mut resolver, |n| {
         if terminal {
             eprint!("\rreading {}: {n} records", args.trace.display());
         }
@@ -95,8 +116,19 @@ pub fn report(out: &mut dyn Write, args: &ReportArgs) -> Result<u8, CliError> {
     }
     let summary = summary?;
     warn_incomplete(&args.trace, &summary);
+    if let Some(root) = &args.sysroot
+        && !resolver.missing.is_empty()
+    {
+        let names: Vec<&str> = resolver.missing.iter().map(String::as_str).collect();
+        log::warn!(
+            "{} guest files are not under {}, their frames are addresses: {}",
+            names.len(),
+            root.display(),
+            names.join(", ")
+        );
+    }
     let event = args.event.or_else(|| tally.default_event());
-    let rows = tally.rows(symbols.as_ref(), event);
+    let rows = tally.rows(&resolver, event);
     writeln!(
         out,
         "# trace {} (profile `{}`, sampler {} Hz)",
@@ -105,9 +137,9 @@ pub fn report(out: &mut dyn Write, args: &ReportArgs) -> Result<u8, CliError> {
         summary.header.sample_hz
     )?;
     report::print_table(out, &rows, event, args.top)?;
-    let folded = report::folded(&rows);
-    if rows.is_empty() && (folded_file.is_some() || svg_file.is_some()) {
-        for f in [folded_file, svg_file].into_iter().flatten() {
+    let folded = report::folded(&tally, &resolver, event);
+    if rows.is_empty() && (folded_file.is_some() || svg_file.is_some() || pprof_file.is_some()) {
+        for f in [folded_file, svg_file, pprof_file].into_iter().flatten() {
             f.abandon();
         }
         return Err(CliError::NothingToDraw(report::event_name(event)));
@@ -119,13 +151,32 @@ pub fn report(out: &mut dyn Write, args: &ReportArgs) -> Result<u8, CliError> {
         let title = format!("lwpvmm: {}", args.trace.display());
         f.commit(|file| Ok(report::flamegraph(&folded, &title, file)?))?;
     }
+    if let Some(f) = pprof_file {
+        let when = std::fs::metadata(&args.trace)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
+        let profile = pprof::profile(&tally, &resolver, when);
+        f.commit(|file| Ok(pprof::write(&profile, file)?))?;
+    }
     Ok(0)
 }
 
-/// Reads a trace into a tally, streaming.
-fn tally(path: &Path, progress: impl FnMut(usize)) -> (Result<TraceSummary, CliError>, Tally) {
+/// Reads a trace into a tally, streaming; its mapping lines go to
+/// `resolver` as they come, so each record is named as its address space
+/// stood then.
+fn tally(
+    path: &Path,
+    resolver: &mut Resolver,
+    progress: impl FnMut(usize),
+) -> (Result<TraceSummary, CliError>, Tally) {
     let mut tally = Tally::default();
-    let summary = trace::for_each_record(path, progress, |r| tally.add(r)).map_err(Into::into);
+    let summary = trace::for_each_entry(path, progress, |e| match e {
+        Entry::Record(r) => tally.add(r, resolver),
+        Entry::Mapping(m) => resolver.mapping(m),
+    })
+    .map_err(Into::into);
     (summary, tally)
 }
 
@@ -154,11 +205,11 @@ pub fn trace_report(
     elf: &[u8],
     top: usize,
 ) -> Result<(), CliError> {
-    let (summary, tally) = tally(trace_file, |_| {});
+    let mut resolver = Resolver::new(Some((String::new(), elf)), None);
+    let (summary, tally) = tally(trace_file, &mut resolver, |_| {});
     warn_incomplete(trace_file, &summary?);
-    let symbols = Symbols::from_elf(elf).ok();
     let event = tally.default_event();
-    let rows = tally.rows(symbols.as_ref(), event);
+    let rows = tally.rows(&resolver, event);
     report::print_table(out, &rows, event, top)?;
     Ok(())
 }

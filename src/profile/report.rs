@@ -1,15 +1,16 @@
 //! `lwpvmm report`: a trace turned into a perf-report-like table (samples
-//! per function, symbolised from the guest ELF's symbol table with the
-//! `object` crate), folded stacks, and a flamegraph SVG (the `inferno`
-//! crate). Stacks are one frame deep: the sampled function. lwpvmm does not
-//! unwind guest frame pointers.
+//! per function, named by [`super::objects`]), folded stacks, a flamegraph
+//! SVG (the `inferno` crate) and a pprof profile ([`super::pprof`]). A
+//! record's stack is its instruction address and the return addresses the
+//! trace has for it (`stack`, unwound by frame pointers); a return address
+//! is named by the call before it.
 
 use std::collections::BTreeMap;
 use std::io::{self, Write};
 
-use object::{Object, ObjectSymbol, SymbolKind};
 use thiserror::Error;
 
+use super::objects::{Frame, Resolver};
 use super::trace::TraceRecord;
 use crate::lwp::record::EventId;
 
@@ -27,49 +28,6 @@ pub enum ReportError {
     Output(#[from] io::Error),
 }
 
-/// Function symbols of a guest ELF, sorted by address.
-#[derive(Debug, Default)]
-pub struct Symbols {
-    functions: Vec<(u64, u64, String)>,
-}
-
-impl Symbols {
-    /// The function symbols of `elf`. A symbol without a size ends where the
-    /// next one starts.
-    pub fn from_elf(elf: &[u8]) -> Result<Self, ReportError> {
-        let file = object::File::parse(elf)?;
-        let mut f: Vec<(u64, u64, String)> = file
-            .symbols()
-            .filter(|s| s.kind() == SymbolKind::Text && s.is_definition())
-            .filter_map(|s| Some((s.address(), s.size(), s.name().ok()?.to_owned())))
-            .filter(|(_, _, name)| !name.is_empty())
-            .collect();
-        f.sort_by_key(|&(a, _, _)| a);
-        f.dedup_by_key(|(a, _, _)| *a);
-        let starts: Vec<u64> = f.iter().map(|s| s.0).skip(1).chain([u64::MAX]).collect();
-        let functions = f
-            .into_iter()
-            .zip(starts)
-            .map(|((a, size, name), next)| {
-                let end = if size > 0 {
-                    a.saturating_add(size)
-                } else {
-                    next
-                };
-                (a, end, name)
-            })
-            .collect();
-        Ok(Symbols { functions })
-    }
-
-    /// The function containing `ip`.
-    pub fn lookup(&self, ip: u64) -> Option<&str> {
-        let i = self.functions.partition_point(|&(a, _, _)| a <= ip);
-        let (start, end, name) = self.functions.get(i.checked_sub(1)?)?;
-        (*start..*end).contains(&ip).then_some(name.as_str())
-    }
-}
-
 /// One line of the report.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Row {
@@ -81,23 +39,74 @@ pub struct Row {
     pub share: f64,
 }
 
-/// Records counted per EventId and instruction address as a trace streams
-/// by: what a report needs, in memory that grows with the number of distinct
-/// addresses, not with the trace.
+/// Records counted per EventId and stack as a trace streams by: what a
+/// report needs, in memory that grows with the number of distinct stacks,
+/// not with the trace.
 #[derive(Debug, Default)]
 pub struct Tally {
-    counts: BTreeMap<u8, BTreeMap<u64, u64>>,
+    /// EventId -> (CR3, stack: the record's frame, then its callers,
+    /// innermost first) -> records.
+    counts: BTreeMap<u8, BTreeMap<(u64, Vec<Frame>), u64>>,
+}
+
+/// One counted stack.
+#[derive(Debug, Clone, Copy)]
+pub struct Counted<'a> {
+    /// Its EventId.
+    pub event: u8,
+    /// The address space it was stored in.
+    pub cr3: u64,
+    /// The record's frame, then its callers.
+    pub frames: &'a [Frame],
+    /// How many records.
+    pub count: u64,
 }
 
 impl Tally {
-    /// Counts one record.
-    pub fn add(&mut self, record: &TraceRecord) {
+    /// Counts one record, its addresses resolved by `resolver` as the trace
+    /// stands at this record. A record interrupted in a function without a
+    /// frame gets its caller from the word at the stack pointer
+    /// ([`super::objects::Symbols::frameless_caller`]).
+    pub fn add(&mut self, record: &TraceRecord, resolver: &Resolver) {
+        let leaf = resolver.frame(record.cr3, record.ip);
+        let caller = record.top.and_then(|top| {
+            let frame = resolver.frame(record.cr3, top);
+            let symbols = resolver.symbols(leaf)?;
+            (frame.object == leaf.object)
+                .then(|| symbols.frameless_caller(leaf.address, frame.address))
+                .flatten()
+                .map(|_| frame)
+        });
+        let stack: Vec<Frame> = std::iter::once(leaf)
+            .chain(caller)
+            .chain(record.stack.iter().map(|&a| resolver.frame(record.cr3, a)))
+            .collect();
         *self
             .counts
             .entry(record.event)
             .or_default()
-            .entry(record.ip)
+            .entry((record.cr3, stack))
             .or_default() += 1;
+    }
+
+    /// The stacks of `event` (or of every EventId) with their counts.
+    pub fn stacks(&self, event: Option<u8>) -> impl Iterator<Item = Counted<'_>> {
+        self.counts
+            .iter()
+            .filter(move |(e, _)| event.is_none_or(|want| **e == want))
+            .flat_map(|(&event, stacks)| {
+                stacks.iter().map(move |((cr3, frames), &count)| Counted {
+                    event,
+                    cr3: *cr3,
+                    frames,
+                    count,
+                })
+            })
+    }
+
+    /// The EventIds the trace has.
+    pub fn events(&self) -> impl Iterator<Item = u8> + '_ {
+        self.counts.keys().copied()
     }
 
     /// The EventId a report counts by default: CNH (5) when the trace has
@@ -109,21 +118,12 @@ impl Tally {
     }
 
     /// Records of `event` (or all) per function, most first; ties by name.
-    pub fn rows(&self, symbols: Option<&Symbols>, event: Option<u8>) -> Vec<Row> {
+    pub fn rows(&self, resolver: &Resolver, event: Option<u8>) -> Vec<Row> {
         let mut counts: BTreeMap<String, u64> = BTreeMap::new();
         let mut total = 0u64;
-        for (_, by_ip) in self
-            .counts
-            .iter()
-            .filter(|(e, _)| event.is_none_or(|want| **e == want))
-        {
-            for (&ip, &n) in by_ip {
-                let name = symbols
-                    .and_then(|s| s.lookup(ip))
-                    .map_or_else(|| format!("{ip:#x}"), str::to_owned);
-                *counts.entry(name).or_default() += n;
-                total += n;
-            }
+        for c in self.stacks(event) {
+            *counts.entry(resolver.name(c.frames[0], false)).or_default() += c.count;
+            total += c.count;
         }
         let mut rows: Vec<Row> = counts
             .into_iter()
@@ -135,6 +135,20 @@ impl Tally {
             .collect();
         rows.sort_by(|a, b| b.samples.cmp(&a.samples).then_with(|| a.name.cmp(&b.name)));
         rows
+    }
+}
+
+/// A short name of what records of `event` count: a pprof sample type.
+pub fn event_label(event: u8) -> String {
+    match EventId::from_u8(event) {
+        Some(EventId::Val) => "lwpval".into(),
+        Some(EventId::Ire) => "instructions".into(),
+        Some(EventId::Bre) => "branches".into(),
+        Some(EventId::Dme) => "dcache_misses".into(),
+        Some(EventId::Cnh) => "cpu_clocks".into(),
+        Some(EventId::Rnh) => "ref_clocks".into(),
+        Some(EventId::Ins) => "lwpins".into(),
+        None => format!("event_{event}"),
     }
 }
 
@@ -174,11 +188,21 @@ pub fn print_table(
     Ok(())
 }
 
-/// Folded stacks (one frame deep): `function count` per line.
-pub fn folded(rows: &[Row]) -> Vec<String> {
-    rows.iter()
-        .map(|r| format!("{} {}", r.name, r.samples))
-        .collect()
+/// Folded stacks, outermost frame first: `caller;...;function count` per
+/// line, one line per distinct stack, sorted.
+pub fn folded(tally: &Tally, resolver: &Resolver, event: Option<u8>) -> Vec<String> {
+    let mut lines: BTreeMap<String, u64> = BTreeMap::new();
+    for c in tally.stacks(event) {
+        let frames: Vec<String> = c
+            .frames
+            .iter()
+            .enumerate()
+            .rev()
+            .map(|(i, &f)| resolver.name(f, i > 0))
+            .collect();
+        *lines.entry(frames.join(";")).or_default() += c.count;
+    }
+    lines.into_iter().map(|(s, n)| format!("{s} {n}")).collect()
 }
 
 /// A flamegraph SVG of the folded stacks.
@@ -192,8 +216,13 @@ pub fn flamegraph(folded: &[String], title: &str, out: impl Write) -> Result<(),
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::profile::objects::Symbols;
 
     fn rec(event: u8, ip: u64) -> TraceRecord {
+        stacked(event, ip, &[])
+    }
+
+    fn stacked(event: u8, ip: u64, stack: &[u64]) -> TraceRecord {
         TraceRecord {
             vcpu: 0,
             cr3: 0,
@@ -204,24 +233,14 @@ mod tests {
             data2: 0,
             ip,
             timestamp: 0,
+            stack: stack.to_vec(),
+            top: None,
         }
     }
 
     #[test]
-    fn symbols_from_an_embedded_guest() {
-        let syms = Symbols::from_elf(crate::guests::get("demo").unwrap()).unwrap();
-        let main = syms
-            .functions
-            .iter()
-            .find(|f| f.2 == "main")
-            .expect("main is a symbol")
-            .0;
-        assert_eq!(syms.lookup(main), Some("main"));
-        assert_eq!(syms.lookup(0), None);
-    }
-
-    #[test]
     fn tally_counts_and_orders() {
+        let none = Resolver::default();
         let mut tally = Tally::default();
         for r in [
             rec(5, 0x10),
@@ -230,17 +249,43 @@ mod tests {
             rec(255, 0x30),
             rec(5, 0x10),
         ] {
-            tally.add(&r);
+            tally.add(&r, &none);
         }
         assert_eq!(tally.default_event(), Some(5));
-        let rows = tally.rows(None, Some(5));
+        let rows = tally.rows(&none, Some(5));
         assert_eq!(rows.len(), 2);
         assert_eq!((rows[0].name.as_str(), rows[0].samples), ("0x10", 3));
         assert!((rows[0].share - 75.0).abs() < 1e-9);
-        assert_eq!(folded(&rows), vec!["0x10 3", "0x20 1"]);
-        assert_eq!(tally.rows(None, None).len(), 3);
+        assert_eq!(folded(&tally, &none, Some(5)), vec!["0x10 3", "0x20 1"]);
+        assert_eq!(tally.rows(&none, None).len(), 3);
         let mut svg = Vec::new();
-        flamegraph(&folded(&rows), "t", &mut svg).unwrap();
+        flamegraph(&folded(&tally, &none, Some(5)), "t", &mut svg).unwrap();
         assert!(String::from_utf8(svg).unwrap().contains("<svg"));
+    }
+
+    #[test]
+    fn stacks_fold_outermost_first_and_name_return_addresses_by_their_call() {
+        let syms = Resolver::with_symbols(Symbols::from_functions(&[
+            (0x100, 0x200, "leaf", true),
+            (0x200, 0x300, "caller", true),
+            (0x300, 0x400, "outer", true),
+        ]));
+        let mut tally = Tally::default();
+        // A return address just past the caller's end still names the
+        // caller: the call is the byte before it.
+        for r in [
+            stacked(5, 0x110, &[0x300, 0x350]),
+            stacked(5, 0x120, &[0x300, 0x350]),
+            stacked(5, 0x110, &[0x250]),
+            rec(5, 0x500),
+        ] {
+            tally.add(&r, &syms);
+        }
+        assert_eq!(
+            folded(&tally, &syms, Some(5)),
+            vec!["0x500 1", "caller;leaf 1", "outer;caller;leaf 2"]
+        );
+        let rows = tally.rows(&syms, Some(5));
+        assert_eq!((rows[0].name.as_str(), rows[0].samples), ("leaf", 3));
     }
 }

@@ -18,8 +18,8 @@ use thiserror::Error;
 use crate::lwp::record::EventRecord;
 
 /// The trace format version: 2 added the line that ends a trace at its
-/// size limit.
-pub const TRACE_VERSION: u32 = 2;
+/// size limit, 3 the call stack of a record.
+pub const TRACE_VERSION: u32 = 3;
 
 /// The first line of a trace.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -33,7 +33,7 @@ pub struct TraceHeader {
 }
 
 /// One stored record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TraceRecord {
     /// The vCPU whose unit stored it.
     pub vcpu: u8,
@@ -53,6 +53,15 @@ pub struct TraceRecord {
     pub ip: u64,
     /// TimeStamp (0 without PTSC).
     pub timestamp: u64,
+    /// The return addresses of the interrupted context's stack, innermost
+    /// first, unwound by frame pointers (sampled, LWPINS and LWPVAL records;
+    /// absent where nothing was found).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stack: Vec<u64>,
+    /// The word at the stack pointer, with a stack: the return address
+    /// when the interrupted function has no frame of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top: Option<u64>,
 }
 
 impl TraceRecord {
@@ -68,8 +77,48 @@ impl TraceRecord {
             data2: record.data2,
             ip: record.instruction_address,
             timestamp: record.timestamp,
+            stack: Vec::new(),
+            top: None,
         }
     }
+}
+
+/// A trace line naming an executable mapping of an address space, as the
+/// guest reported it (docs/pv-abi.md, operation 9): from that line on, the
+/// records of `cr3` at addresses in `start..end` lie in `path`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MappingLine {
+    /// The address space (CR3 address bits).
+    pub cr3: u64,
+    /// The first address.
+    pub start: u64,
+    /// The address past the last.
+    pub end: u64,
+    /// The file offset mapped at `start`.
+    pub offset: u64,
+    /// The file's path in the guest.
+    pub path: String,
+    /// Its ELF build ID in hex ("" when unknown).
+    #[serde(default)]
+    pub build_id: String,
+    /// The first mapping of a report: the address space's earlier mappings
+    /// are gone (a new program, or a reused CR3).
+    #[serde(default)]
+    pub first: bool,
+}
+
+#[derive(Serialize, Deserialize)]
+struct MappingWrapper {
+    mapping: MappingLine,
+}
+
+/// One line of a trace after its header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entry<'a> {
+    /// A record.
+    Record(&'a TraceRecord),
+    /// An executable mapping.
+    Mapping(&'a MappingLine),
 }
 
 /// Why a trace cannot be read.
@@ -136,29 +185,47 @@ impl TraceWriter {
     /// reached.
     pub fn append(&mut self, records: &[TraceRecord]) -> io::Result<u64> {
         for (i, r) in records.iter().enumerate() {
-            if self.full {
+            if !self.write_line(r)? {
                 return Ok((records.len() - i) as u64);
             }
-            self.line.clear();
-            serde_json::to_writer(&mut self.line, r)?;
-            self.line.push(b'\n');
-            let len = self.line.len() as u64;
-            if self.written + len > self.max {
-                self.full = true;
-                let limit = LimitLine {
-                    limit_reached: LimitReached {
-                        max_bytes: self.max,
-                    },
-                };
-                serde_json::to_writer(&mut self.out, &limit)?;
-                self.out.write_all(b"\n")?;
-                self.out.flush()?;
-                return Ok((records.len() - i) as u64);
-            }
-            self.out.write_all(&self.line)?;
-            self.written += len;
         }
         Ok(0)
+    }
+
+    /// Appends a mapping line; past the limit it is dropped, as records
+    /// are.
+    pub fn append_mapping(&mut self, mapping: &MappingLine) -> io::Result<()> {
+        let line = MappingWrapper {
+            mapping: mapping.clone(),
+        };
+        self.write_line(&line).map(|_| ())
+    }
+
+    /// Writes one line within the limit; false when it did not fit (and
+    /// the limit line is written the first time).
+    fn write_line(&mut self, value: &impl Serialize) -> io::Result<bool> {
+        if self.full {
+            return Ok(false);
+        }
+        self.line.clear();
+        serde_json::to_writer(&mut self.line, value)?;
+        self.line.push(b'\n');
+        let len = self.line.len() as u64;
+        if self.written + len > self.max {
+            self.full = true;
+            let limit = LimitLine {
+                limit_reached: LimitReached {
+                    max_bytes: self.max,
+                },
+            };
+            serde_json::to_writer(&mut self.out, &limit)?;
+            self.out.write_all(b"\n")?;
+            self.out.flush()?;
+            return Ok(false);
+        }
+        self.out.write_all(&self.line)?;
+        self.written += len;
+        Ok(true)
     }
 
     /// Flushes what is buffered.
@@ -181,15 +248,29 @@ pub struct TraceSummary {
     pub cut_line: Option<usize>,
 }
 
-/// Trace format versions this lwpvmm reads: version 1 had no limit line.
-const READABLE_VERSIONS: [u32; 2] = [1, TRACE_VERSION];
+/// Trace format versions this lwpvmm reads: version 1 had no limit line,
+/// versions 1 and 2 no stacks.
+const READABLE_VERSIONS: [u32; 3] = [1, 2, TRACE_VERSION];
 
 /// Reads a trace line by line, handing each record to `f`, without holding
 /// more than one line; `progress` is called every 100 000 lines.
 pub fn for_each_record(
     path: &Path,
-    mut progress: impl FnMut(usize),
+    progress: impl FnMut(usize),
     mut f: impl FnMut(&TraceRecord),
+) -> Result<TraceSummary, TraceError> {
+    for_each_entry(path, progress, |e| {
+        if let Entry::Record(r) = e {
+            f(r);
+        }
+    })
+}
+
+/// As [`for_each_record`], with the mapping lines too, in their order.
+pub fn for_each_entry(
+    path: &Path,
+    mut progress: impl FnMut(usize),
+    mut f: impl FnMut(Entry<'_>),
 ) -> Result<TraceSummary, TraceError> {
     let io_err = |source| TraceError::Io {
         path: path.to_owned(),
@@ -238,11 +319,13 @@ pub fn for_each_record(
         }
         match serde_json::from_str::<TraceRecord>(line) {
             Ok(record) => {
-                f(&record);
+                f(Entry::Record(&record));
                 summary.records += 1;
             }
             Err(e) => {
-                if let Ok(limit) = serde_json::from_str::<LimitLine>(line) {
+                if let Ok(m) = serde_json::from_str::<MappingWrapper>(line) {
+                    f(Entry::Mapping(&m.mapping));
+                } else if let Ok(limit) = serde_json::from_str::<LimitLine>(line) {
                     summary.limit = Some(limit.limit_reached);
                 } else if !text.ends_with('\n') {
                     summary.cut_line = Some(number);
@@ -277,7 +360,7 @@ mod tests {
 
     fn read_all(path: &Path) -> Result<(TraceSummary, Vec<TraceRecord>), TraceError> {
         let mut records = Vec::new();
-        let summary = for_each_record(path, |_| {}, |r| records.push(*r))?;
+        let summary = for_each_record(path, |_| {}, |r| records.push(r.clone()))?;
         Ok((summary, records))
     }
 
@@ -286,12 +369,24 @@ mod tests {
         let path = temp("rw");
         let mut w = TraceWriter::create(&path, &header(), u64::MAX).unwrap();
         let rec = EventRecord::hardware(EventId::Cnh, 2, 0x40_1000, 77);
-        assert_eq!(w.append(&[TraceRecord::new(1, 0x9000, &rec)]).unwrap(), 0);
+        let plain = TraceRecord::new(1, 0x9000, &rec);
+        let stacked = TraceRecord {
+            stack: vec![0x40_2000, 0x40_3000],
+            ..plain.clone()
+        };
+        let lines = [plain, stacked];
+        assert_eq!(w.append(&lines).unwrap(), 0);
         w.flush().unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(
+            text.matches("stack").count(),
+            1,
+            "an empty stack is left out"
+        );
         let (summary, records) = read_all(&path).unwrap();
         assert_eq!(summary.header, header());
         assert_eq!((summary.limit, summary.cut_line), (None, None));
-        assert_eq!(records, vec![TraceRecord::new(1, 0x9000, &rec)]);
+        assert_eq!(records, lines);
         std::fs::remove_file(path).unwrap();
     }
 
@@ -301,8 +396,9 @@ mod tests {
         let rec = TraceRecord::new(0, 0, &EventRecord::hardware(EventId::Cnh, 1, 0x40_1000, 7));
         let line = serde_json::to_vec(&rec).unwrap().len() as u64 + 1;
         let mut w = TraceWriter::create(&path, &header(), 3 * line + 1).unwrap();
-        assert_eq!(w.append(&[rec; 5]).unwrap(), 2, "3 fit");
-        assert_eq!(w.append(&[rec; 2]).unwrap(), 2);
+        let five = vec![rec.clone(); 5];
+        assert_eq!(w.append(&five).unwrap(), 2, "3 fit");
+        assert_eq!(w.append(&five[..2]).unwrap(), 2);
         w.flush().unwrap();
         let (summary, records) = read_all(&path).unwrap();
         assert_eq!(records.len(), 3);

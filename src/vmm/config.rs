@@ -114,6 +114,9 @@ pub struct Profiling {
     /// The trace's size limit in bytes: records past it are counted in the
     /// metrics (`trace_dropped`), not written, and the trace says so.
     pub trace_max: u64,
+    /// The trace gets each sampled, LWPINS and LWPVAL record's call stack,
+    /// unwound by the guest's frame pointers.
+    pub stacks: bool,
     /// Where the counters go as JSON at the end, and on SIGUSR1 while the
     /// VM runs.
     pub metrics: Option<PathBuf>,
@@ -125,6 +128,7 @@ impl Default for Profiling {
             sample_hz: 0,
             trace: None,
             trace_max: DEFAULT_TRACE_MAX,
+            stacks: true,
             metrics: None,
         }
     }

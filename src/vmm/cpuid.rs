@@ -66,6 +66,7 @@ pub fn build(
     features.set(PvFeatures::DB_DOORBELL, precise && shim);
     features.set(PvFeatures::REGS_CALLS, has_lwp && shim);
     features.set(PvFeatures::THRESHOLD_LINES, has_lwp && shim);
+    features.set(PvFeatures::EXEC_MAPPINGS, has_lwp && shim);
     table.push(CpuidEntry {
         leaf: LEAF_PV_BASE,
         subleaf: 0,
@@ -200,6 +201,7 @@ mod tests {
             let f = PvFeatures::from_bits_truncate(find(&t, LEAF_PV_INFO).ebx);
             assert_eq!(f.contains(PvFeatures::THRESHOLD_LINES), want.1 > 0);
             assert_eq!(f.contains(PvFeatures::REGS_CALLS), want.1 > 0);
+            assert_eq!(f.contains(PvFeatures::EXEC_MAPPINGS), want.1 > 0);
         }
         assert!(
             t.windows(2)

@@ -119,6 +119,9 @@ counters! {
     sampler_kicks,
     /// Samples charged to CNH/RNH (CPL3, in the LWPCB's address space).
     samples_charged,
+    /// Nanoseconds vCPU threads spent on sampling kicks between KVM_RUN's
+    /// return and the next entry: the charge, the stack, the trace.
+    sampler_ns,
     /// Trace writes that failed.
     trace_errors,
     /// Records not written to the trace because it reached its size limit.

@@ -51,6 +51,9 @@ bitflags! {
         /// Threshold interrupts on a per-vCPU IOAPIC line
         /// ([`LEAF_PV_LINES`], state-call operation 6).
         const THRESHOLD_LINES = 1 << 6;
+        /// The guest names the executable mappings of an address space
+        /// (state-call operation 9), for the host-side trace.
+        const EXEC_MAPPINGS = 1 << 7;
     }
 }
 
@@ -122,6 +125,10 @@ pub enum StateOp {
     ///
     /// [`Restore`]: StateOp::Restore
     SwitchIn = 8,
+    /// An executable mapping of the calling context's address space, the
+    /// [`ExecMapping`] at RDI: it goes to the host-side trace, so that
+    /// reports name each process's frames with its own files.
+    ExecMapping = 9,
 }
 
 impl TryFrom<u8> for StateOp {
@@ -137,6 +144,7 @@ impl TryFrom<u8> for StateOp {
             6 => Ok(StateOp::ThresholdLine),
             7 => Ok(StateOp::SwitchOut),
             8 => Ok(StateOp::SwitchIn),
+            9 => Ok(StateOp::ExecMapping),
             other => Err(other),
         }
     }
@@ -211,6 +219,74 @@ pub struct Frame {
 // SAFETY: Frame is repr(C) and made only of u64 fields, so it has no padding
 // and every byte pattern is a valid value.
 unsafe impl ByteValued for Frame {}
+
+/// The longest path an [`ExecMapping`] holds, with its NUL.
+pub const MAPPING_PATH_MAX: usize = 256;
+/// The longest build ID an [`ExecMapping`] holds (a GNU build ID is 20
+/// bytes: SHA-1).
+pub const BUILD_ID_MAX: usize = 20;
+/// [`ExecMapping::flags`]: the first mapping of a report; the address
+/// space's earlier mappings are forgotten.
+pub const MAPPING_FIRST: u32 = 1 << 0;
+
+/// An executable file mapping of an address space, as state-call
+/// operation 9 reads it at RDI (312 bytes).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExecMapping {
+    /// Its first address.
+    pub start: u64,
+    /// The address past its last.
+    pub end: u64,
+    /// The file offset mapped at `start`.
+    pub offset: u64,
+    /// How many bytes of `build_id` are the file's build ID (0: none).
+    pub build_id_len: u32,
+    /// [`MAPPING_FIRST`].
+    pub flags: u32,
+    /// The ELF build ID (NT_GNU_BUILD_ID).
+    pub build_id: [u8; BUILD_ID_MAX],
+    /// Zero.
+    pub reserved: [u8; 4],
+    /// The file's path in the guest, NUL-terminated.
+    pub path: [u8; MAPPING_PATH_MAX],
+}
+
+impl Default for ExecMapping {
+    fn default() -> Self {
+        ExecMapping {
+            start: 0,
+            end: 0,
+            offset: 0,
+            build_id_len: 0,
+            flags: 0,
+            build_id: [0; BUILD_ID_MAX],
+            reserved: [0; 4],
+            path: [0; MAPPING_PATH_MAX],
+        }
+    }
+}
+
+// SAFETY: ExecMapping is repr(C) with u64 fields first, then two u32s and
+// byte arrays whose sizes (20 + 4 + 256) keep the end 8-byte aligned, so it
+// has no padding, and every byte pattern is a valid value.
+unsafe impl ByteValued for ExecMapping {}
+
+impl ExecMapping {
+    /// Its path, up to the first NUL (`None` without one, or empty).
+    pub fn path(&self) -> Option<String> {
+        let end = self.path.iter().position(|&b| b == 0)?;
+        (end > 0).then(|| String::from_utf8_lossy(&self.path[..end]).into_owned())
+    }
+
+    /// Its build ID, when it has one of a valid length.
+    pub fn build_id(&self) -> Option<&[u8]> {
+        let len = usize::try_from(self.build_id_len).ok()?;
+        (1..=BUILD_ID_MAX)
+            .contains(&len)
+            .then(|| &self.build_id[..len])
+    }
+}
 
 /// The bytes of a saved-register frame.
 pub const REGS_SIZE: u64 = 168;
@@ -326,7 +402,8 @@ mod tests {
             (6, Ok(StateOp::ThresholdLine), Err(6)),
             (7, Ok(StateOp::SwitchOut), Err(7)),
             (8, Ok(StateOp::SwitchIn), Err(8)),
-            (9, Err(9), Err(9)),
+            (9, Ok(StateOp::ExecMapping), Err(9)),
+            (10, Err(10), Err(10)),
             (0xff, Err(0xff), Err(0xff)),
         ];
         for (byte, state, power) in table {

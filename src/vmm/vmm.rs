@@ -189,7 +189,8 @@ impl Vmm {
             bus.claim_snapshot_port();
         }
         if outputs.trace.is_some() {
-            vcpus.iter_mut().for_each(Vcpu::trace_records);
+            let stacks = host.profiling.stacks;
+            vcpus.iter_mut().for_each(|v| v.trace_records(stacks));
         }
         let eventfd = || {
             EventFd::new(EFD_NONBLOCK).map_err(|source| VmError::Thread {

@@ -17,6 +17,7 @@ use super::{VcpuError, VcpuStep};
 use crate::guard::{Access, GuestView};
 use crate::guest_warn;
 use crate::lwp::fault::GuestFault;
+use crate::profile::stack::UnwindStart;
 use crate::vmm::lwp_insn::{self, Context, LwpMnemonic, NotLwp, Outcome, SegmentBases};
 use crate::vmm::metrics::VcpuMetrics;
 use crate::vmm::privilege;
@@ -142,6 +143,12 @@ pub fn behind_doorbell(
             .map_or(0, |s| s.base);
     }
     let tsc = cx.vcpu.guest_tsc();
+    // Before the instruction: SLWPCB may write RBP.
+    let unwind = UnwindStart {
+        fp: regs.rbp,
+        sp: frame.rsp,
+        long_mode: code.bitness == 64,
+    };
     let mut ctx = Context {
         regs,
         rsp: frame.rsp,
@@ -155,6 +162,9 @@ pub fn behind_doorbell(
         Outcome::Done { next_rip, mnemonic } => {
             count_mnemonic(cx.metrics, mnemonic);
             cx.lwp.note_lwpcb_space(sregs.cr3);
+            if user {
+                cx.lwp.note_unwind(unwind);
+            }
             let mut rflags = ctx.rflags;
             stepper::across_instruction(
                 cx,

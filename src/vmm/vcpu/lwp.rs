@@ -20,6 +20,7 @@ use crate::lwp::cpuid::{LwpCaps, LwpFeatures};
 use crate::lwp::msr::{MSR_LWP_CBADDR, MSR_LWP_CFG};
 use crate::lwp::record::EventId;
 use crate::lwp::unit::{LwpUnit, ThresholdInterrupt, UnitState};
+use crate::profile::stack::{self, UnwindStart};
 use crate::profile::trace::{TraceRecord, TraceWriter};
 use crate::vmm::privilege;
 use crate::vmm::step::StepBackend;
@@ -56,6 +57,11 @@ pub struct VcpuLwp {
     instructions: bool,
     lwpcb_cr3: Option<u64>,
     threshold_line: bool,
+    /// The trace gets the call stacks of sampled, LWPINS and LWPVAL records.
+    stacks: bool,
+    /// Where the stack of the CPL3 context this exit stored records for
+    /// starts, when it is known.
+    unwind: Option<UnwindStart>,
     /// Precise events by single-stepping.
     pub stepper: Stepper,
 }
@@ -89,6 +95,8 @@ impl VcpuLwp {
             instructions,
             lwpcb_cr3,
             threshold_line: saved.is_some_and(|s| s.threshold_line),
+            stacks: false,
+            unwind: None,
             stepper: Stepper::new(stepping, steps),
         };
         lwp.update_withheld();
@@ -151,11 +159,19 @@ impl VcpuLwp {
         }
     }
 
-    /// Keeps a copy of every record the unit stores, for the trace.
-    pub fn keep_log(&mut self) {
+    /// Keeps a copy of every record the unit stores, for the trace, with
+    /// call stacks when `stacks`.
+    pub fn keep_log(&mut self, stacks: bool) {
+        self.stacks = stacks;
         if let Some(u) = self.unit.as_mut() {
             u.keep_log();
         }
+    }
+
+    /// Notes where the stack of the CPL3 context whose records this exit
+    /// stores starts (the sampler's charge, an emulated LWPINS or LWPVAL).
+    pub fn note_unwind(&mut self, start: UnwindStart) {
+        self.unwind = Some(start);
     }
 
     /// Notes the address space that loaded the LWPCB, after an operation
@@ -225,6 +241,12 @@ pub fn sample(cx: &mut ExitCx<'_>, cycles: u64) {
     let mut view = GuestView::new(cx.mem, paging);
     unit.count(&mut view, EventId::Cnh, cycles, rip, now);
     unit.count(&mut view, EventId::Rnh, cycles, rip, now);
+    let regs = cx.vcpu.regs();
+    cx.lwp.note_unwind(UnwindStart {
+        fp: regs.rbp,
+        sp: regs.rsp,
+        long_mode: sregs.cs.l == 1,
+    });
     cx.metrics.samples_charged.fetch_add(1, Ordering::Relaxed);
 }
 
@@ -240,14 +262,23 @@ pub fn after_exit(cx: &mut ExitCx<'_>) -> Result<(), VcpuError> {
         m.records_missed
             .store(stats.records_missed, Ordering::Relaxed);
     }
+    let unwind = cx.lwp.unwind.take();
     if let Some(trace) = cx.trace {
-        write_trace(cx, trace);
+        write_trace(cx, trace, unwind);
     }
     deliver_interrupt(cx);
     stepper::arm(cx)
 }
 
-fn write_trace(cx: &mut ExitCx<'_>, trace: &Mutex<TraceWriter>) {
+/// Records that get the call stack of the context they were stored for:
+/// the sampled clocks and the program's own LWPINS and LWPVAL.
+fn stacked(event: u8) -> bool {
+    [EventId::Val, EventId::Cnh, EventId::Rnh, EventId::Ins]
+        .iter()
+        .any(|e| *e as u8 == event)
+}
+
+fn write_trace(cx: &mut ExitCx<'_>, trace: &Mutex<TraceWriter>, unwind: Option<UnwindStart>) {
     let Some(unit) = cx.lwp.unit_mut() else {
         return;
     };
@@ -255,11 +286,22 @@ fn write_trace(cx: &mut ExitCx<'_>, trace: &Mutex<TraceWriter>) {
     if records.is_empty() {
         return;
     }
-    let (id, cr3) = (cx.vcpu.id(), cx.vcpu.sregs().cr3 & CR3_ADDR);
-    let lines: Vec<TraceRecord> = records
+    let sregs = cx.vcpu.sregs();
+    let (id, cr3) = (cx.vcpu.id(), sregs.cr3 & CR3_ADDR);
+    let mut lines: Vec<TraceRecord> = records
         .iter()
         .map(|r| TraceRecord::new(id, cr3, r))
         .collect();
+    if let Some(start) = unwind.filter(|_| cx.lwp.stacks)
+        && lines.iter().any(|l| stacked(l.event))
+        && let Ok(paging) = cx.vcpu.paging(&sregs)
+    {
+        let found = stack::unwind(&mut GuestView::new(cx.mem, paging), start);
+        for line in lines.iter_mut().filter(|l| stacked(l.event)) {
+            line.stack.clone_from(&found.frames);
+            line.top = found.top;
+        }
+    }
     match trace.lock().map(|mut t| t.append(&lines)) {
         Ok(Ok(dropped)) => {
             cx.metrics

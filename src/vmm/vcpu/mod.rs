@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kvm_bindings::kvm_run;
 use kvm_ioctls::SyncReg;
@@ -29,7 +29,7 @@ use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::signal::{Killable, SIGRTMIN};
 
 use crate::guard::GuestMemory;
-use crate::lwp::cpuid::CpuidEntry;
+use crate::lwp::cpuid::{CpuidEntry, LwpFeatures};
 use crate::lwp::unit::{LwpUnit, UnitStats};
 use crate::profile::trace::TraceWriter;
 use crate::vmm::devices::{GuestEnd, PortBus};
@@ -219,6 +219,7 @@ struct Mailbox {
     responses: Sender<VcpuResponse>,
     pending: Arc<AtomicBool>,
     sample_due: Arc<AtomicBool>,
+    clock_armed: Arc<AtomicBool>,
 }
 
 impl Vcpu {
@@ -262,9 +263,10 @@ impl Vcpu {
         Arc::clone(&self.metrics)
     }
 
-    /// Keeps a copy of every record its unit stores, for the trace.
-    pub fn trace_records(&mut self) {
-        self.lwp.keep_log();
+    /// Keeps a copy of every record its unit stores, for the trace, with
+    /// call stacks when `stacks`.
+    pub fn trace_records(&mut self, stacks: bool) {
+        self.lwp.keep_log(stacks);
     }
 
     /// Starts its thread, which installs its seccomp filter before its first
@@ -278,11 +280,13 @@ impl Vcpu {
         let (responses, response_rx) = channel();
         let pending = Arc::new(AtomicBool::new(false));
         let sample_due = Arc::new(AtomicBool::new(false));
+        let clock_armed = Arc::new(AtomicBool::new(false));
         let mailbox = Mailbox {
             events,
             responses,
             pending: Arc::clone(&pending),
             sample_due: Arc::clone(&sample_due),
+            clock_armed: Arc::clone(&clock_armed),
         };
         let name = format!("vcpu{}", self.id());
         let thread = thread::Builder::new()
@@ -307,6 +311,7 @@ impl Vcpu {
             responses: response_rx,
             pending,
             sample_due,
+            clock_armed,
         })
     }
 
@@ -362,6 +367,7 @@ impl Vcpu {
                 metrics: &self.metrics,
                 trace: shared.trace.as_ref(),
             };
+            let mut sampled = None;
             match act(action, &mut cx)? {
                 VcpuStep::End(end) => return Ok(VcpuStop::Ended(end)),
                 VcpuStep::SnapshotPoint => {
@@ -370,6 +376,7 @@ impl Vcpu {
                 }
                 VcpuStep::Interrupted => {
                     if mailbox.sample_due.swap(false, Ordering::AcqRel) {
+                        sampled = Some(Instant::now());
                         let cycles = self.clock.cycles(cx.vcpu.guest_tsc());
                         lwp::sample(&mut cx, cycles);
                     }
@@ -377,6 +384,28 @@ impl Vcpu {
                 VcpuStep::Continue => {}
             }
             lwp::after_exit(&mut cx)?;
+            if let Some(t) = sampled {
+                let ns = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                self.metrics.sampler_ns.fetch_add(ns, Ordering::Relaxed);
+            }
+            self.publish_clock(mailbox);
+        }
+    }
+
+    /// Tells the sampler whether this vCPU's unit has a clock event armed
+    /// (CNH or RNH in both LWP_CFG and the loaded LWPCB): only then is it
+    /// kicked. On arming, the cycles counted so far start afresh, so that
+    /// time run unarmed is never charged.
+    fn publish_clock(&mut self, mailbox: &Mailbox) {
+        let armed = self
+            .lwp
+            .unit()
+            .is_some_and(|u| u.counts(LwpFeatures::CNH) || u.counts(LwpFeatures::RNH));
+        if armed != mailbox.clock_armed.load(Ordering::Relaxed) {
+            if armed {
+                self.clock.cycles(self.kvm.guest_tsc());
+            }
+            mailbox.clock_armed.store(armed, Ordering::Release);
         }
     }
 
@@ -486,6 +515,7 @@ pub struct VcpuHandle {
     responses: Receiver<VcpuResponse>,
     pending: Arc<AtomicBool>,
     sample_due: Arc<AtomicBool>,
+    clock_armed: Arc<AtomicBool>,
 }
 
 impl VcpuHandle {
@@ -503,10 +533,13 @@ impl VcpuHandle {
         self.responses.recv().ok()
     }
 
-    /// Asks for a sampling charge at once.
+    /// Asks for a sampling charge at once, if the vCPU has a clock event
+    /// armed; a vCPU without one is left running.
     pub fn kick_sample(&self) {
-        self.sample_due.store(true, Ordering::Release);
-        self.kick();
+        if self.clock_armed.load(Ordering::Acquire) {
+            self.sample_due.store(true, Ordering::Release);
+            self.kick();
+        }
     }
 
     /// Makes KVM_RUN return (or not enter).

@@ -15,14 +15,17 @@ use vm_memory::ByteValued;
 
 use super::doorbell::{self, Answer, GsBase};
 use super::exit::ExitCx;
+use super::lwp::CR3_ADDR;
 use super::stepper;
 use crate::guard::{Access, GuestView};
 use crate::guest_warn;
 use crate::lwp::fault::GuestFault;
 use crate::lwp::xsave::LwpXsaveArea;
+use crate::profile::trace::MappingLine;
 use crate::vmm::privilege;
 use crate::vmm::pv::{
-    REGS_FRAME_OFFSET, REGS_SIZE, Reply, SavedRegs, StateOp, StateStatus, THRESHOLD_LINES,
+    ExecMapping, MAPPING_FIRST, REGS_FRAME_OFFSET, REGS_SIZE, Reply, SavedRegs, StateOp,
+    StateStatus, THRESHOLD_LINES,
 };
 
 /// Handles a write to the state port.
@@ -196,7 +199,45 @@ fn state_call(cx: &mut ExitCx<'_>, op: u8, area_at: u64, rsi: u64) -> (StateStat
             cx.lwp.set_threshold_line(area_at != 0);
             (StateStatus::Ok, Detail::Nothing)
         }
+        StateOp::ExecMapping => (exec_mapping(cx, &view, sregs.cr3, area_at), Detail::Nothing),
     }
+}
+
+/// Operation 9: the executable mapping at `at` of the address space `cr3`
+/// goes to the trace (and nowhere else: without a trace it is only read).
+fn exec_mapping(cx: &mut ExitCx<'_>, view: &GuestView<'_>, cr3: u64, at: u64) -> StateStatus {
+    let mut m = ExecMapping::default();
+    if view
+        .read(at, m.as_mut_slice(), Access::SupervisorRead)
+        .is_err()
+    {
+        return StateStatus::BadArea;
+    }
+    let Some(path) = m.path().filter(|_| m.start < m.end) else {
+        return StateStatus::BadCall;
+    };
+    let line = MappingLine {
+        cr3: cr3 & CR3_ADDR,
+        start: m.start,
+        end: m.end,
+        offset: m.offset,
+        path,
+        build_id: m.build_id().map(hex).unwrap_or_default(),
+        first: m.flags & MAPPING_FIRST != 0,
+    };
+    if let Some(trace) = cx.trace
+        && !matches!(
+            trace.lock().map(|mut t| t.append_mapping(&line)),
+            Ok(Ok(()))
+        )
+    {
+        cx.metrics.trace_errors.fetch_add(1, Ordering::Relaxed);
+    }
+    StateStatus::Ok
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Saves the unit's state into the area at `area_at`, first flushing it

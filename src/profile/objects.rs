@@ -1,0 +1,423 @@
+//! The objects a report names frames with: the function symbols of guest
+//! ELF files (with which functions set up a frame pointer), and the
+//! resolver that maps an address of an address space to an object and an
+//! address in it, from the `--symbols` ELF or from the executable mappings
+//! the guest reported into the trace, with the files found under
+//! `--sysroot`.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Component, Path, PathBuf};
+
+use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
+
+use super::trace::MappingLine;
+
+/// Function symbols of a guest ELF, sorted by address, and which of them
+/// set up a frame pointer.
+#[derive(Debug, Default)]
+pub struct Symbols {
+    functions: Vec<(u64, u64, String)>,
+    /// Per function: the length of its frame-pointer prologue (`push %rbp;
+    /// mov %rsp,%rbp`, after an ENDBR64), or `None` when it has none.
+    prologues: Vec<Option<u64>>,
+}
+
+/// The length of the frame-pointer prologue `code` starts with, if any.
+fn prologue(code: &[u8]) -> Option<u64> {
+    const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
+    let skip = if code.starts_with(&ENDBR64) { 4 } else { 0 };
+    let body = code.get(skip..)?;
+    // push %rbp; mov %rsp,%rbp (both encodings of the move), or 32-bit
+    // push %ebp; mov %esp,%ebp.
+    [
+        &[0x55, 0x48, 0x89, 0xe5][..],
+        &[0x55, 0x48, 0x8b, 0xec],
+        &[0x55, 0x89, 0xe5],
+        &[0x55, 0x8b, 0xec],
+    ]
+    .iter()
+    .find(|p| body.starts_with(p))
+    .map(|p| (skip + p.len()) as u64)
+}
+
+impl Symbols {
+    /// The function symbols of `elf`. A symbol without a size ends where the
+    /// next one starts.
+    pub fn from_elf(elf: &[u8]) -> Result<Self, object::Error> {
+        let file = object::File::parse(elf)?;
+        let mut f: Vec<(u64, u64, String)> = file
+            .symbols()
+            .filter(|s| s.kind() == SymbolKind::Text && s.is_definition())
+            .filter_map(|s| Some((s.address(), s.size(), s.name().ok()?.to_owned())))
+            .filter(|(_, _, name)| !name.is_empty())
+            .collect();
+        f.sort_by_key(|&(a, _, _)| a);
+        f.dedup_by_key(|(a, _, _)| *a);
+        let starts: Vec<u64> = f.iter().map(|s| s.0).skip(1).chain([u64::MAX]).collect();
+        let code = |address: u64| {
+            file.sections().find_map(|s| {
+                let offset = address.checked_sub(s.address())?;
+                let data = s.data().ok()?;
+                data.get(usize::try_from(offset).ok()?..)
+            })
+        };
+        let prologues = f
+            .iter()
+            .map(|&(a, _, _)| code(a).and_then(prologue))
+            .collect();
+        let functions = f
+            .into_iter()
+            .zip(starts)
+            .map(|((a, size, name), next)| {
+                let end = if size > 0 {
+                    a.saturating_add(size)
+                } else {
+                    next
+                };
+                (a, end, name)
+            })
+            .collect();
+        Ok(Symbols {
+            functions,
+            prologues,
+        })
+    }
+
+    /// Symbols of made-up functions: (start, end, name, has a frame).
+    #[cfg(test)]
+    pub fn from_functions(functions: &[(u64, u64, &str, bool)]) -> Self {
+        Symbols {
+            functions: functions
+                .iter()
+                .map(|&(a, e, n, _)| (a, e, n.to_owned()))
+                .collect(),
+            prologues: functions.iter().map(|f| f.3.then_some(4)).collect(),
+        }
+    }
+
+    /// The start of the function `name`.
+    pub fn address_of(&self, name: &str) -> Option<u64> {
+        self.functions
+            .iter()
+            .find(|(_, _, n)| n == name)
+            .map(|&(a, _, _)| a)
+    }
+
+    /// The function containing `ip`.
+    pub fn lookup(&self, ip: u64) -> Option<&str> {
+        self.index(ip).map(|i| self.functions[i].2.as_str())
+    }
+
+    fn index(&self, ip: u64) -> Option<usize> {
+        let i = self.functions.partition_point(|&(a, _, _)| a <= ip);
+        let i = i.checked_sub(1)?;
+        let (start, end, _) = &self.functions[i];
+        (*start..*end).contains(&ip).then_some(i)
+    }
+
+    /// The return address of a context interrupted at `ip` whose stack
+    /// pointer points at `top`, when the frame-pointer chain misses it: the
+    /// function at `ip` has no frame of its own (a leaf function compiled
+    /// without one) or has not pushed RBP yet. `top` must itself be in a
+    /// known function.
+    pub fn frameless_caller(&self, ip: u64, top: u64) -> Option<u64> {
+        let i = self.index(ip)?;
+        let start = self.functions[i].0;
+        let missed = match self.prologues.get(i).copied().flatten() {
+            None => true,
+            Some(_) => ip == start,
+        };
+        (missed && self.index(top.checked_sub(1)?).is_some()).then_some(top)
+    }
+}
+
+/// A frame of a stack: an address inside an object, or a raw address when
+/// no object is known for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Frame {
+    /// The object's index in [`Resolver::objects`], or [`Frame::RAW`].
+    pub object: u32,
+    /// The address: the object's own (its ELF virtual address) when the
+    /// object is known, else as the guest saw it.
+    pub address: u64,
+}
+
+impl Frame {
+    /// No object.
+    pub const RAW: u32 = u32::MAX;
+}
+
+/// An object frames lie in.
+#[derive(Debug)]
+pub struct ObjectFile {
+    /// Its path: the guest's, or the `--symbols` file's.
+    pub path: String,
+    /// Its symbols, when its ELF was found and read.
+    pub symbols: Option<Symbols>,
+    /// Its build ID in hex ("" when unknown): the guest's report, or the
+    /// ELF's own.
+    pub build_id: String,
+    /// Its loadable segments: (file offset, virtual address, file size).
+    segments: Vec<(u64, u64, u64)>,
+}
+
+impl ObjectFile {
+    fn from_elf(path: String, elf: Option<&[u8]>, build_id: String) -> Self {
+        let file = elf.and_then(|e| object::File::parse(e).ok());
+        let own_id = file
+            .as_ref()
+            .and_then(|f| f.build_id().ok().flatten())
+            .map(hex)
+            .unwrap_or_default();
+        let segments = file
+            .as_ref()
+            .map(|f| {
+                f.segments()
+                    .map(|s| {
+                        let (offset, size) = s.file_range();
+                        (offset, s.address(), size)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        ObjectFile {
+            path,
+            symbols: elf.and_then(|e| Symbols::from_elf(e).ok()),
+            build_id: if build_id.is_empty() {
+                own_id
+            } else {
+                build_id
+            },
+            segments,
+        }
+    }
+
+    /// The object's virtual address for a file offset, when a segment
+    /// holds it.
+    fn address_of_offset(&self, offset: u64) -> Option<u64> {
+        self.segments
+            .iter()
+            .find(|&&(o, _, size)| (o..o.saturating_add(size)).contains(&offset))
+            .map(|&(o, vaddr, _)| vaddr.wrapping_add(offset - o))
+    }
+}
+
+/// Lower-case hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Maps addresses of address spaces to objects as a trace streams by.
+#[derive(Debug, Default)]
+pub struct Resolver {
+    /// Every object seen.
+    pub objects: Vec<ObjectFile>,
+    /// The `--symbols` object: names every address no mapping covers.
+    fallback: Option<u32>,
+    sysroot: Option<PathBuf>,
+    /// Per address space: its mappings and their objects.
+    spaces: HashMap<u64, Vec<(MappingLine, u32)>>,
+    by_path: HashMap<String, u32>,
+    /// Guest files not found under the sysroot (or refused).
+    pub missing: BTreeSet<String>,
+}
+
+impl Resolver {
+    /// A resolver naming every address from `symbols` (a path and its ELF)
+    /// and reading the files of reported mappings under `sysroot`.
+    pub fn new(symbols: Option<(String, &[u8])>, sysroot: Option<PathBuf>) -> Self {
+        let mut r = Resolver {
+            sysroot,
+            ..Resolver::default()
+        };
+        if let Some((path, elf)) = symbols {
+            r.objects
+                .push(ObjectFile::from_elf(path, Some(elf), String::new()));
+            r.fallback = Some(0);
+        }
+        r
+    }
+
+    /// A resolver naming every address from `symbols` alone.
+    #[cfg(test)]
+    pub fn with_symbols(symbols: Symbols) -> Self {
+        Resolver {
+            objects: vec![ObjectFile {
+                path: "test".into(),
+                symbols: Some(symbols),
+                build_id: String::new(),
+                segments: Vec::new(),
+            }],
+            fallback: Some(0),
+            ..Resolver::default()
+        }
+    }
+
+    /// Takes a mapping line: from here on, its address space's addresses in
+    /// its range lie in its file.
+    pub fn mapping(&mut self, m: &MappingLine) {
+        let object = self.object(&m.path, &m.build_id);
+        let space = self.spaces.entry(m.cr3).or_default();
+        if m.first {
+            space.clear();
+        }
+        space.push((m.clone(), object));
+    }
+
+    /// The object of the guest file `path`, loaded once.
+    fn object(&mut self, path: &str, build_id: &str) -> u32 {
+        if let Some(&i) = self.by_path.get(path) {
+            return i;
+        }
+        let elf = self.sysroot.as_deref().and_then(|root| {
+            let file = inside(root, path)?;
+            std::fs::read(file).ok()
+        });
+        if self.sysroot.is_some() && elf.is_none() {
+            self.missing.insert(path.to_owned());
+        }
+        let i = self.objects.len() as u32;
+        self.objects.push(ObjectFile::from_elf(
+            path.to_owned(),
+            elf.as_deref(),
+            build_id.to_owned(),
+        ));
+        self.by_path.insert(path.to_owned(), i);
+        i
+    }
+
+    /// The frame of `address` in the address space `cr3`.
+    pub fn frame(&self, cr3: u64, address: u64) -> Frame {
+        let mapped = self.spaces.get(&cr3).and_then(|maps| {
+            maps.iter()
+                .rev()
+                .find(|(m, _)| (m.start..m.end).contains(&address))
+        });
+        match (mapped, self.fallback) {
+            // A file not found (or outside its segments) keeps the guest's
+            // address, which is what a person can look up.
+            (Some((m, object)), _) => Frame {
+                object: *object,
+                address: self.objects[*object as usize]
+                    .address_of_offset(address - m.start + m.offset)
+                    .unwrap_or(address),
+            },
+            (None, Some(object)) => Frame { object, address },
+            (None, None) => Frame {
+                object: Frame::RAW,
+                address,
+            },
+        }
+    }
+
+    /// The symbols of `frame`'s object.
+    pub fn symbols(&self, frame: Frame) -> Option<&Symbols> {
+        self.objects.get(frame.object as usize)?.symbols.as_ref()
+    }
+
+    /// The function `frame` is in; `ret` for a return address, looked up
+    /// one byte back, in its call. Unknown: the address in hex.
+    pub fn name(&self, frame: Frame, ret: bool) -> String {
+        let at = if ret {
+            frame.address.saturating_sub(1)
+        } else {
+            frame.address
+        };
+        self.symbols(frame)
+            .and_then(|s| s.lookup(at))
+            .map_or_else(|| format!("{:#x}", frame.address), str::to_owned)
+    }
+}
+
+/// `path` (a guest's absolute path) under `root`: `None` for a path with
+/// `..` or other components that could leave the root.
+fn inside(root: &Path, path: &str) -> Option<PathBuf> {
+    let mut out = root.to_path_buf();
+    for c in Path::new(path).components() {
+        match c {
+            Component::RootDir | Component::CurDir => {}
+            Component::Normal(part) => out.push(part),
+            Component::ParentDir | Component::Prefix(_) => return None,
+        }
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mapping(cr3: u64, start: u64, path: &str, first: bool) -> MappingLine {
+        MappingLine {
+            cr3,
+            start,
+            end: start + 0x10_0000,
+            offset: 0x1000,
+            path: path.into(),
+            build_id: String::new(),
+            first,
+        }
+    }
+
+    #[test]
+    fn symbols_from_an_embedded_guest() {
+        let syms = Symbols::from_elf(crate::guests::get("demo").unwrap()).unwrap();
+        let main = syms.address_of("main").expect("main is a symbol");
+        assert_eq!(syms.lookup(main), Some("main"));
+        assert_eq!(syms.lookup(0), None);
+    }
+
+    #[test]
+    fn addresses_resolve_through_the_mappings_of_their_address_space() {
+        let root = std::env::temp_dir().join(format!("lwpvmm-objects-{}", std::process::id()));
+        std::fs::create_dir_all(root.join("bin")).unwrap();
+        let demo = crate::guests::get("demo").unwrap();
+        std::fs::write(root.join("bin/demo"), demo).unwrap();
+        let main = Symbols::from_elf(demo).unwrap().address_of("main").unwrap();
+        let mut r = Resolver::new(None, Some(root.clone()));
+        // The demo guest mapped 1 MiB higher than it is linked (a PIE's
+        // load bias): names come from its own addresses.
+        r.mapping(&mapping(0xa000, 0x20_0000, "/bin/demo", true));
+        r.mapping(&mapping(0xb000, 0x10_0000, "/../../etc/passwd", true));
+        r.mapping(&mapping(0xb000, 0x30_0000, "/bin/gone", false));
+        let named = |r: &Resolver, cr3, a| r.name(r.frame(cr3, a), false);
+        // (address space, address, name)
+        let table = [
+            (0xa000, main + 0x10_0000, "main".to_owned()),
+            (0xa000, 0x40_0000, "0x400000".to_owned()),
+            (0xc000, main, format!("{main:#x}")),
+            (0xb000, 0x10_0010, "0x100010".to_owned()),
+        ];
+        for (cr3, address, want) in table {
+            assert_eq!(named(&r, cr3, address), want, "{cr3:#x} {address:#x}");
+        }
+        let missing: Vec<&str> = r.missing.iter().map(String::as_str).collect();
+        assert_eq!(
+            missing,
+            ["/../../etc/passwd", "/bin/gone"],
+            "refused or not found"
+        );
+        // A new report for the address space forgets the old mappings.
+        r.mapping(&mapping(0xa000, 0x50_0000, "/bin/gone", true));
+        assert_eq!(
+            named(&r, 0xa000, main + 0x10_0000),
+            format!("{:#x}", main + 0x10_0000)
+        );
+        std::fs::remove_dir_all(root).unwrap();
+    }
+
+    #[test]
+    fn frame_pointer_prologues_are_recognised() {
+        // (code, prologue length)
+        let table: [(&[u8], Option<u64>); 5] = [
+            (&[0x55, 0x48, 0x89, 0xe5, 0x90], Some(4)),
+            (&[0xf3, 0x0f, 0x1e, 0xfa, 0x55, 0x48, 0x89, 0xe5], Some(8)),
+            (&[0x55, 0x89, 0xe5], Some(3)),
+            (&[0x48, 0x85, 0xff], None),
+            (&[], None),
+        ];
+        for (code, want) in table {
+            assert_eq!(prologue(code), want, "{code:x?}");
+        }
+    }
+}

@@ -1,0 +1,399 @@
+//! A trace's records as a pprof profile (Google's profile.proto, gzipped):
+//! the format `go tool pprof`, Pyroscope, Parca and Grafana read. One sample
+//! type per LWP EventId in the trace, counting records; each distinct stack
+//! is a sample, labelled with the address space (CR3) it was stored in;
+//! each object frames lie in is a mapping with its path and build ID, and
+//! its locations are the object's own addresses, named with its symbols.
+//!
+//! The messages are profile.proto's, declared for the `prost` crate, which
+//! does the encoding; `flate2` compresses it.
+
+use std::collections::BTreeMap;
+use std::io::{self, Read, Write};
+
+use flate2::Compression;
+use flate2::read::GzDecoder;
+use flate2::write::GzEncoder;
+use prost::Message;
+
+use super::objects::{Frame, Resolver};
+use super::report::{Tally, event_label};
+
+/// profile.proto's `Profile` (the fields lwpvmm fills).
+#[derive(Clone, PartialEq, Message)]
+pub struct Profile {
+    /// What each sample value counts.
+    #[prost(message, repeated, tag = "1")]
+    pub sample_type: Vec<ValueType>,
+    /// The samples.
+    #[prost(message, repeated, tag = "2")]
+    pub sample: Vec<Sample>,
+    /// The executables the locations lie in.
+    #[prost(message, repeated, tag = "3")]
+    pub mapping: Vec<Mapping>,
+    /// The addresses of the stacks.
+    #[prost(message, repeated, tag = "4")]
+    pub location: Vec<Location>,
+    /// The functions the locations are in.
+    #[prost(message, repeated, tag = "5")]
+    pub function: Vec<Function>,
+    /// Every string the profile refers to by index; the first is "".
+    #[prost(string, repeated, tag = "6")]
+    pub string_table: Vec<String>,
+    /// When the profile was taken (nanoseconds since the epoch).
+    #[prost(int64, tag = "9")]
+    pub time_nanos: i64,
+    /// Free-form comments (string indices).
+    #[prost(int64, repeated, tag = "13")]
+    pub comment: Vec<i64>,
+}
+
+/// profile.proto's `ValueType`.
+#[derive(Clone, PartialEq, Message)]
+pub struct ValueType {
+    /// The kind (string index).
+    #[prost(int64, tag = "1")]
+    pub r#type: i64,
+    /// The unit (string index).
+    #[prost(int64, tag = "2")]
+    pub unit: i64,
+}
+
+/// profile.proto's `Sample`.
+#[derive(Clone, PartialEq, Message)]
+pub struct Sample {
+    /// Innermost location first.
+    #[prost(uint64, repeated, tag = "1")]
+    pub location_id: Vec<u64>,
+    /// One value per sample type.
+    #[prost(int64, repeated, tag = "2")]
+    pub value: Vec<i64>,
+    /// Labels.
+    #[prost(message, repeated, tag = "3")]
+    pub label: Vec<Label>,
+}
+
+/// profile.proto's `Label`.
+#[derive(Clone, PartialEq, Message)]
+pub struct Label {
+    /// The key (string index).
+    #[prost(int64, tag = "1")]
+    pub key: i64,
+    /// A string value (string index).
+    #[prost(int64, tag = "2")]
+    pub str: i64,
+}
+
+/// profile.proto's `Mapping`.
+#[derive(Clone, PartialEq, Message)]
+pub struct Mapping {
+    /// Its id (1-based).
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    /// The first address.
+    #[prost(uint64, tag = "2")]
+    pub memory_start: u64,
+    /// The address past the last.
+    #[prost(uint64, tag = "3")]
+    pub memory_limit: u64,
+    /// The file offset of `memory_start`.
+    #[prost(uint64, tag = "4")]
+    pub file_offset: u64,
+    /// The file (string index).
+    #[prost(int64, tag = "5")]
+    pub filename: i64,
+    /// The ELF build ID in hex (string index).
+    #[prost(int64, tag = "6")]
+    pub build_id: i64,
+    /// Its locations have function names.
+    #[prost(bool, tag = "7")]
+    pub has_functions: bool,
+}
+
+/// profile.proto's `Location`.
+#[derive(Clone, PartialEq, Message)]
+pub struct Location {
+    /// Its id (1-based).
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    /// Its mapping (0: none).
+    #[prost(uint64, tag = "2")]
+    pub mapping_id: u64,
+    /// The instruction address.
+    #[prost(uint64, tag = "3")]
+    pub address: u64,
+    /// The function it is in, when known.
+    #[prost(message, repeated, tag = "4")]
+    pub line: Vec<Line>,
+}
+
+/// profile.proto's `Line`.
+#[derive(Clone, PartialEq, Message)]
+pub struct Line {
+    /// The function.
+    #[prost(uint64, tag = "1")]
+    pub function_id: u64,
+}
+
+/// profile.proto's `Function`.
+#[derive(Clone, PartialEq, Message)]
+pub struct Function {
+    /// Its id (1-based).
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    /// Its name (string index).
+    #[prost(int64, tag = "2")]
+    pub name: i64,
+    /// Its name in the object file (string index).
+    #[prost(int64, tag = "3")]
+    pub system_name: i64,
+}
+
+/// Builds a profile up: strings, functions and locations each once.
+#[derive(Default)]
+struct Builder {
+    profile: Profile,
+    strings: BTreeMap<String, i64>,
+    functions: BTreeMap<String, u64>,
+    locations: BTreeMap<Frame, u64>,
+}
+
+impl Builder {
+    fn string(&mut self, s: &str) -> i64 {
+        if let Some(&i) = self.strings.get(s) {
+            return i;
+        }
+        let i = self.profile.string_table.len() as i64;
+        self.profile.string_table.push(s.to_owned());
+        self.strings.insert(s.to_owned(), i);
+        i
+    }
+
+    fn function(&mut self, name: &str) -> u64 {
+        if let Some(&id) = self.functions.get(name) {
+            return id;
+        }
+        let id = self.profile.function.len() as u64 + 1;
+        let name_index = self.string(name);
+        self.profile.function.push(Function {
+            id,
+            name: name_index,
+            system_name: name_index,
+        });
+        self.functions.insert(name.to_owned(), id);
+        id
+    }
+
+    /// The location of `frame` (a return address already moved back into
+    /// its call), named by `resolver`.
+    fn location(&mut self, frame: Frame, resolver: &Resolver) -> u64 {
+        if let Some(&id) = self.locations.get(&frame) {
+            return id;
+        }
+        let id = self.profile.location.len() as u64 + 1;
+        let name = resolver
+            .symbols(frame)
+            .and_then(|s| s.lookup(frame.address));
+        let line = name
+            .map(|n| Line {
+                function_id: self.function(n),
+            })
+            .into_iter()
+            .collect();
+        let mapping_id = if frame.object == Frame::RAW {
+            0
+        } else {
+            u64::from(frame.object) + 1
+        };
+        self.profile.location.push(Location {
+            id,
+            mapping_id,
+            address: frame.address,
+            line,
+        });
+        self.locations.insert(frame, id);
+        id
+    }
+}
+
+/// The profile of `tally`'s records, every EventId a sample type of its
+/// own, named by `resolver`.
+pub fn profile(tally: &Tally, resolver: &Resolver, time_nanos: i64) -> Profile {
+    let mut b = Builder::default();
+    b.string("");
+    let events: Vec<u8> = tally.events().collect();
+    let count = b.string("count");
+    for &e in &events {
+        let kind = b.string(&event_label(e));
+        b.profile.sample_type.push(ValueType {
+            r#type: kind,
+            unit: count,
+        });
+    }
+    // Every object is a mapping of its own addresses: the profile merges
+    // processes, so no one load address would do.
+    for (i, o) in resolver.objects.iter().enumerate() {
+        let filename = b.string(&o.path);
+        let build_id = b.string(&o.build_id);
+        b.profile.mapping.push(Mapping {
+            id: i as u64 + 1,
+            memory_start: 0,
+            memory_limit: u64::MAX,
+            file_offset: 0,
+            filename,
+            build_id,
+            has_functions: o.symbols.is_some(),
+        });
+    }
+    let cr3_key = b.string("cr3");
+    for c in tally.stacks(None) {
+        // A return address is located by the call before it, as pprof's
+        // own profiles do for every frame but the innermost.
+        let location_id = c
+            .frames
+            .iter()
+            .enumerate()
+            .map(|(i, &f)| {
+                let address = if i == 0 {
+                    f.address
+                } else {
+                    f.address.saturating_sub(1)
+                };
+                b.location(Frame { address, ..f }, resolver)
+            })
+            .collect();
+        let mut value = vec![0i64; events.len()];
+        if let Some(slot) = events.iter().position(|&e| e == c.event) {
+            value[slot] = i64::try_from(c.count).unwrap_or(i64::MAX);
+        }
+        let space = b.string(&format!("{:#x}", c.cr3));
+        b.profile.sample.push(Sample {
+            location_id,
+            value,
+            label: vec![Label {
+                key: cr3_key,
+                str: space,
+            }],
+        });
+    }
+    let comment = b.string("lwpvmm: LWP records from the host-side trace");
+    b.profile.comment.push(comment);
+    b.profile.time_nanos = time_nanos;
+    b.profile
+}
+
+/// Writes `profile` gzipped, as pprof files are.
+pub fn write(profile: &Profile, out: impl Write) -> io::Result<()> {
+    let mut gz = GzEncoder::new(out, Compression::default());
+    gz.write_all(&profile.encode_to_vec())?;
+    gz.finish()?.flush()
+}
+
+/// Reads a gzipped profile (tools and tests).
+pub fn read(gzipped: &[u8]) -> io::Result<Profile> {
+    let mut bytes = Vec::new();
+    GzDecoder::new(gzipped).read_to_end(&mut bytes)?;
+    Profile::decode(bytes.as_slice()).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::objects::Symbols;
+    use crate::profile::trace::{MappingLine, TraceRecord};
+
+    fn record(event: u8, cr3: u64, ip: u64, stack: &[u64]) -> TraceRecord {
+        TraceRecord {
+            vcpu: 0,
+            cr3,
+            event,
+            core: 0,
+            flags: 0,
+            data1: 0,
+            data2: 0,
+            ip,
+            timestamp: 0,
+            stack: stack.to_vec(),
+            top: None,
+        }
+    }
+
+    #[test]
+    fn a_profile_round_trips_with_stacks_names_and_one_type_per_event() {
+        // A sysroot holding the demo guest as /demo, mapped in one address
+        // space; another has no mapping.
+        let dir = std::env::temp_dir().join(format!("lwpvmm-pprof-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let demo = crate::guests::get("demo").unwrap();
+        std::fs::write(dir.join("demo"), demo).unwrap();
+        let main = Symbols::from_elf(demo)
+            .unwrap()
+            .address_of("main")
+            .expect("main");
+        let mut resolver = Resolver::new(None, Some(dir.clone()));
+        // The guest's segment: 1 MiB up, from file offset 4 KiB (guest.ld).
+        resolver.mapping(&MappingLine {
+            cr3: 0x1000,
+            start: 0x10_0000,
+            end: 0x20_0000,
+            offset: 0x1000,
+            path: "/demo".into(),
+            build_id: "abcd".into(),
+            first: true,
+        });
+        let mut tally = Tally::default();
+        for r in [
+            record(5, 0x1000, main + 1, &[0x10_9999]),
+            record(5, 0x1000, main + 1, &[0x10_9999]),
+            record(255, 0x2000, 0x8888, &[]),
+        ] {
+            tally.add(&r, &resolver);
+        }
+        let mut gz = Vec::new();
+        write(&profile(&tally, &resolver, 7), &mut gz).unwrap();
+        let p = read(&gz).unwrap();
+        let s = |i: i64| p.string_table[i as usize].as_str();
+        assert_eq!(p.string_table[0], "");
+        let types: Vec<&str> = p.sample_type.iter().map(|t| s(t.r#type)).collect();
+        assert_eq!(types, ["cpu_clocks", "lwpins"]);
+        assert_eq!(p.sample.len(), 2);
+        let clocks = p
+            .sample
+            .iter()
+            .find(|x| x.value == [2, 0])
+            .expect("CNH sample");
+        assert_eq!(clocks.location_id.len(), 2);
+        let leaf = &p.location[clocks.location_id[0] as usize - 1];
+        assert_eq!(leaf.address, main + 1);
+        assert_eq!(
+            s(p.function[leaf.line[0].function_id as usize - 1].name),
+            "main"
+        );
+        let caller = &p.location[clocks.location_id[1] as usize - 1];
+        assert_eq!(
+            caller.address, 0x10_9998,
+            "a return address is located at its call"
+        );
+        assert_eq!(
+            (s(clocks.label[0].key), s(clocks.label[0].str)),
+            ("cr3", "0x1000")
+        );
+        assert_eq!(
+            (s(p.mapping[0].filename), s(p.mapping[0].build_id)),
+            ("/demo", "abcd")
+        );
+        assert_eq!(p.time_nanos, 7);
+        let raw = p
+            .sample
+            .iter()
+            .find(|x| x.value == [0, 1])
+            .expect("LWPINS sample");
+        let other = &p.location[raw.location_id[0] as usize - 1];
+        assert_eq!(
+            (other.mapping_id, other.address),
+            (0, 0x8888),
+            "no mapping in its address space"
+        );
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}
