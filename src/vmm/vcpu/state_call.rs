@@ -633,6 +633,53 @@ mod tests {
     }
 
     #[test]
+    fn executable_mappings_are_checked() {
+        let good = {
+            let mut m = ExecMapping {
+                start: 0x40_0000,
+                end: 0x40_8000,
+                flags: MAPPING_FIRST,
+                ..ExecMapping::default()
+            };
+            m.path[..8].copy_from_slice(b"/lwp-hot");
+            m
+        };
+        let unterminated = ExecMapping {
+            path: [b'a'; 256],
+            ..good
+        };
+        let empty_range = ExecMapping {
+            end: 0x40_0000,
+            ..good
+        };
+        // (what, mapping, RDI, status)
+        let table = [
+            ("a mapping", good, AREA, StateStatus::Ok),
+            (
+                "a path without its NUL",
+                unterminated,
+                AREA,
+                StateStatus::BadCall,
+            ),
+            ("an empty range", empty_range, AREA, StateStatus::BadCall),
+            (
+                "outside mapped memory",
+                good,
+                UNMAPPED,
+                StateStatus::BadArea,
+            ),
+        ];
+        for (what, mapping, rdi, status) in table {
+            let mut r = Rig::new(LwpProfile::Emulated, None);
+            r.mem.write_obj(mapping, GuestAddress(AREA)).unwrap();
+            r.vcpu.regs.rax = 9;
+            r.vcpu.regs.rdi = rdi;
+            lwp_state_call(&mut r.cx());
+            assert_eq!(r.vcpu.regs.rax, status as u64, "{what}");
+        }
+    }
+
+    #[test]
     fn the_threshold_line_call() {
         // (profile, RDI, status, threshold line on after)
         let table = [
