@@ -263,7 +263,7 @@ fn report_edge_cases() {
         (
             vec!["report", trace, "--event", "2", "--svg", svg_s],
             2,
-            "no flamegraph or folded stack to write",
+            "no flamegraph, folded stack or profile to write",
         ),
         (vec!["report", cut_s], 0, "is cut short"),
         (vec!["report", cut_s], 0, "# 15 records of EventId 5"),
