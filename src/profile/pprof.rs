@@ -302,22 +302,6 @@ mod tests {
     use crate::profile::objects::Symbols;
     use crate::profile::trace::{MappingLine, TraceRecord};
 
-    fn record(event: u8, cr3: u64, ip: u64, stack: &[u64]) -> TraceRecord {
-        TraceRecord {
-            vcpu: 0,
-            cr3,
-            event,
-            core: 0,
-            flags: 0,
-            data1: 0,
-            data2: 0,
-            ip,
-            timestamp: 0,
-            stack: stack.to_vec(),
-            top: None,
-        }
-    }
-
     #[test]
     fn a_profile_round_trips_with_stacks_names_and_one_type_per_event() {
         // A sysroot holding the demo guest as /demo, mapped in one address
@@ -343,9 +327,9 @@ mod tests {
         });
         let mut tally = Tally::default();
         for r in [
-            record(5, 0x1000, main + 1, &[0x10_9999]),
-            record(5, 0x1000, main + 1, &[0x10_9999]),
-            record(255, 0x2000, 0x8888, &[]),
+            TraceRecord::stacked(5, 0x1000, main + 1, &[0x10_9999]),
+            TraceRecord::stacked(5, 0x1000, main + 1, &[0x10_9999]),
+            TraceRecord::stacked(255, 0x2000, 0x8888, &[]),
         ] {
             tally.add(&r, &resolver);
         }

@@ -223,19 +223,7 @@ mod tests {
     }
 
     fn stacked(event: u8, ip: u64, stack: &[u64]) -> TraceRecord {
-        TraceRecord {
-            vcpu: 0,
-            cr3: 0,
-            event,
-            core: 0,
-            flags: 0,
-            data1: 0,
-            data2: 0,
-            ip,
-            timestamp: 0,
-            stack: stack.to_vec(),
-            top: None,
-        }
+        TraceRecord::stacked(event, 0, ip, stack)
     }
 
     #[test]

@@ -81,6 +81,25 @@ impl TraceRecord {
             top: None,
         }
     }
+
+    /// A record of `event` at `ip` in address space `cr3` with `stack`,
+    /// everything else zero (report tests).
+    #[cfg(test)]
+    pub fn stacked(event: u8, cr3: u64, ip: u64, stack: &[u64]) -> Self {
+        TraceRecord {
+            vcpu: 0,
+            cr3,
+            event,
+            core: 0,
+            flags: 0,
+            data1: 0,
+            data2: 0,
+            ip,
+            timestamp: 0,
+            stack: stack.to_vec(),
+            top: None,
+        }
+    }
 }
 
 /// A trace line naming an executable mapping of an address space, as the

@@ -230,7 +230,8 @@ impl VcpuLwp {
 /// address space that loaded the LWPCB. docs/profiling.md.
 pub fn sample(cx: &mut ExitCx<'_>, cycles: u64) {
     cx.metrics.sampler_kicks.fetch_add(1, Ordering::Relaxed);
-    let (rip, sregs) = (cx.vcpu.regs().rip, cx.vcpu.sregs());
+    let (regs, sregs) = (cx.vcpu.regs(), cx.vcpu.sregs());
+    let rip = regs.rip;
     if !privilege::is_user(&sregs) || !cx.lwp.in_lwpcb_space(sregs.cr3) {
         return;
     }
@@ -241,7 +242,6 @@ pub fn sample(cx: &mut ExitCx<'_>, cycles: u64) {
     let mut view = GuestView::new(cx.mem, paging);
     unit.count(&mut view, EventId::Cnh, cycles, rip, now);
     unit.count(&mut view, EventId::Rnh, cycles, rip, now);
-    let regs = cx.vcpu.regs();
     cx.lwp.note_unwind(UnwindStart {
         fp: regs.rbp,
         sp: regs.rsp,

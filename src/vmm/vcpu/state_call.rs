@@ -21,6 +21,7 @@ use crate::guard::{Access, GuestView};
 use crate::guest_warn;
 use crate::lwp::fault::GuestFault;
 use crate::lwp::xsave::LwpXsaveArea;
+use crate::profile::objects::hex;
 use crate::profile::trace::MappingLine;
 use crate::vmm::privilege;
 use crate::vmm::pv::{
@@ -234,10 +235,6 @@ fn exec_mapping(cx: &mut ExitCx<'_>, view: &GuestView<'_>, cr3: u64, at: u64) ->
         cx.metrics.trace_errors.fetch_add(1, Ordering::Relaxed);
     }
     StateStatus::Ok
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Saves the unit's state into the area at `area_at`, first flushing it
