@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{linux, require_kvm};
+use common::{Console, linux, require_kvm};
 use lwpvmm::vmm::boot::disk_cmdline;
 
 /// A scratch directory of this test's own.
@@ -41,7 +41,7 @@ fn path(p: &Path) -> &str {
 }
 
 /// Runs `lwpvmm run` on the guest kernel with `args`.
-fn lwpvmm(prefix: &[&str], args: &[&str]) -> (Output, String) {
+fn lwpvmm(prefix: &[&str], args: &[&str]) -> (Output, Console) {
     require_kvm();
     let kernel = linux().join("vmlinux");
     let mut command = match prefix.split_first() {
@@ -57,7 +57,7 @@ fn lwpvmm(prefix: &[&str], args: &[&str]) -> (Output, String) {
         .args(args)
         .output()
         .expect("run lwpvmm");
-    let console = String::from_utf8_lossy(&out.stdout).into_owned();
+    let console = Console::of(&out);
     (out, console)
 }
 
@@ -90,12 +90,7 @@ fn the_selftest_booted_from_a_disk_passes_and_leaves_its_result_on_it() {
     );
     let metrics = dir.join("metrics.json");
     let (out, console) = lwpvmm(&[], &["--disk", path(&root), "--metrics", path(&metrics)]);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{console}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_eq!(out.status.code(), Some(0), "{console}");
     assert!(
         console.contains("virtio_mmio.device=4K@0xd0000000:5"),
         "{console}"
@@ -172,8 +167,7 @@ fn a_snapshot_taken_during_disk_io_restores_and_a_read_only_disk_refuses_writes(
             "--snapshot-on-port",
         ],
     );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{console}\n{stderr}");
+    assert_eq!(out.status.code(), Some(0), "{console}");
     for line in [
         "lwp-disk: snapshot point at 2048 KiB",
         "lwp-disk: write to the read-only disk failed",
@@ -187,7 +181,7 @@ fn a_snapshot_taken_during_disk_io_restores_and_a_read_only_disk_refuses_writes(
             .any(|l| l.starts_with("lwp-disk: wrote 4096 KiB") && l.ends_with(": match"))
     };
     assert!(matched(&console), "{console}");
-    assert!(snap.join("state.bin").exists(), "{stderr}");
+    assert!(snap.join("state.bin").exists(), "{console}");
 
     let mut image = fs::read(&data).expect("data image");
     image[2 << 20..].fill(0);

@@ -17,57 +17,12 @@ mod common;
 
 use std::process::{Command, Output};
 
-use common::{linux, require_kvm};
+use common::{Console, linux, require_kvm};
 
 /// The self-test's line for /sysentry: patch 0001 (the SYSCALL quirk) runs
 /// a system call only after a real SYSCALL, and gives back only the flags a
 /// user may set.
 const SYSENTRY: &str = "ok - /sysentry: patch 0001 runs only real SYSCALLs, with user flags";
-
-/// What a Linux run printed. Its `Display` leads with what a failing test
-/// needs (the self-test's failed checks, then lwpvmm's standard error and
-/// the console's last lines), because CI shows only the start of a
-/// failure's message; the whole console follows.
-struct Console {
-    stdout: String,
-    stderr: String,
-}
-
-impl std::ops::Deref for Console {
-    type Target = str;
-
-    fn deref(&self) -> &str {
-        &self.stdout
-    }
-}
-
-impl std::fmt::Display for Console {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        const TAIL: usize = 30;
-        writeln!(
-            f,
-            "--- failed checks, with the details indented under them ---"
-        )?;
-        let mut in_failure = false;
-        for line in self.stdout.lines() {
-            in_failure = line.contains("not ok") || (in_failure && line.starts_with("    "));
-            if in_failure {
-                writeln!(f, "{line}")?;
-            }
-        }
-        writeln!(
-            f,
-            "--- lwpvmm's standard error ---\n{}",
-            self.stderr.trim_end()
-        )?;
-        let lines: Vec<&str> = self.stdout.lines().collect();
-        writeln!(f, "--- the console's last {TAIL} lines ---")?;
-        for line in &lines[lines.len().saturating_sub(TAIL)..] {
-            writeln!(f, "{line}")?;
-        }
-        write!(f, "--- the whole console ---\n{}", self.stdout)
-    }
-}
 
 fn run_linux(extra: &[&str]) -> (Output, Console) {
     require_kvm();
@@ -88,10 +43,7 @@ fn run_linux(extra: &[&str]) -> (Output, Console) {
         .args(&args)
         .output()
         .expect("run lwpvmm");
-    let console = Console {
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    };
+    let console = Console::of(&out);
     (out, console)
 }
 
@@ -231,16 +183,35 @@ fn a_guest_on_two_vcpus_passes_profiles_and_resumes_from_a_snapshot() {
     let text = String::from_utf8_lossy(&report.stdout);
     assert!(report.status.success(), "{report:?}");
     assert_eq!(top_function(&text), Some("hot_4"), "{text}");
+
+    // The module named each process's executable (state call 9): the
+    // report finds lwp-hot's own file, by its guest path, under a sysroot
+    // holding the guest's programs, and the mapping carries its build ID.
+    let traced = std::fs::read_to_string(&trace).expect("read the trace");
+    let hot_mapping = traced
+        .lines()
+        .find(|l| l.starts_with("{\"mapping\"") && l.contains("\"path\":\"/lwp-hot\""))
+        .unwrap_or_else(|| panic!("no mapping line names /lwp-hot"));
+    assert!(!hot_mapping.contains("\"build_id\":\"\""), "{hot_mapping}");
+    // The sysroot: a directory of the guest's programs, or the initramfs
+    // the guest booted.
+    for sysroot in [linux().join("bin"), linux().join("initramfs.cpio")] {
+        let report = Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
+            .args(["report", trace_arg, "--sysroot"])
+            .arg(&sysroot)
+            .output()
+            .expect("run lwpvmm report");
+        let text = String::from_utf8_lossy(&report.stdout);
+        assert!(report.status.success(), "{sysroot:?}: {report:?}");
+        assert_eq!(top_function(&text), Some("hot_4"), "{sysroot:?}: {text}");
+    }
     let _ = std::fs::remove_file(&trace);
 
     let restored = Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
         .args(["restore", dir_arg])
         .output()
         .expect("run lwpvmm restore");
-    let after = Console {
-        stdout: String::from_utf8_lossy(&restored.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&restored.stderr).into_owned(),
-    };
+    let after = Console::of(&restored);
     assert_eq!(restored.status.code(), Some(0), "{after}");
     assert!(
         after.contains("after the snapshot point") && !after.contains("self-test starting"),

@@ -259,7 +259,8 @@ pub struct ReportArgs {
     /// address no reported mapping covers).
     #[arg(long)]
     pub symbols: Option<PathBuf>,
-    /// A directory holding the guest's files: the executables the guest
+    /// The guest's files, a directory holding them or the initramfs it
+    /// booted (newc cpio, plain or gzipped): the executables the guest
     /// reported for each address space (the lwpvmm guest module does) are
     /// read from it, and each process's frames named with its own.
     #[arg(long)]
@@ -402,11 +403,9 @@ pub enum CliError {
         "the trace has no records of {0}: there is no flamegraph, folded stack or profile to write, so nothing was written (choose another --event)"
     )]
     NothingToDraw(String),
-    /// `--sysroot` is not a directory.
-    #[error(
-        "--sysroot {0}: not a directory (give the directory holding the guest's files; extract an initramfs with `cpio -idm < initramfs.cpio`)"
-    )]
-    Sysroot(PathBuf),
+    /// `--sysroot` is neither a directory nor an initramfs.
+    #[error("--sysroot {0}")]
+    Sysroot(#[from] crate::profile::sysroot::SysrootError),
     /// The run went on, but something it was asked to do failed.
     #[error("{}", .0.join("; "))]
     Incomplete(Vec<String>),

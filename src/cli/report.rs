@@ -11,6 +11,7 @@ use crate::lwp::record::EventId;
 use crate::profile::objects::{Resolver, Symbols};
 use crate::profile::pprof;
 use crate::profile::report::{self, ReportError, Tally};
+use crate::profile::sysroot::Sysroot;
 use crate::profile::trace::{self, Entry, TraceSummary};
 
 use super::{CliError, ReportArgs, read};
@@ -95,15 +96,13 @@ pub fn report(out: &mut dyn Write, args: &ReportArgs) -> Result<u8, CliError> {
     if let Some(elf) = &elf {
         Symbols::from_elf(elf).map_err(ReportError::Symbols)?;
     }
-    if let Some(root) = args.sysroot.as_ref().filter(|r| !r.is_dir()) {
-        return Err(CliError::Sysroot(root.clone()));
-    }
+    let sysroot = args.sysroot.as_deref().map(Sysroot::open).transpose()?;
     let mut resolver = Resolver::new(
         args.symbols
             .as_ref()
             .zip(elf.as_deref())
             .map(|(path, elf)| (path.display().to_string(), elf)),
-        args.sysroot.clone(),
+        sysroot,
     );
     let terminal = std::io::stderr().is_terminal();
     let (summary, tally) = tally(&args.trace, &mut resolver, |n| {

@@ -6,4 +6,5 @@ pub mod objects;
 pub mod pprof;
 pub mod report;
 pub mod stack;
+pub mod sysroot;
 pub mod trace;

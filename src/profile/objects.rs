@@ -6,10 +6,10 @@
 //! `--sysroot`.
 
 use std::collections::{BTreeSet, HashMap};
-use std::path::{Component, Path, PathBuf};
 
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
 
+use super::sysroot::Sysroot;
 use super::trace::MappingLine;
 
 /// Function symbols of a guest ELF, sorted by address, and which of them
@@ -214,7 +214,7 @@ pub struct Resolver {
     pub objects: Vec<ObjectFile>,
     /// The `--symbols` object: names every address no mapping covers.
     fallback: Option<u32>,
-    sysroot: Option<PathBuf>,
+    sysroot: Option<Sysroot>,
     /// Per address space: its mappings and their objects.
     spaces: HashMap<u64, Vec<(MappingLine, u32)>>,
     by_path: HashMap<String, u32>,
@@ -225,7 +225,7 @@ pub struct Resolver {
 impl Resolver {
     /// A resolver naming every address from `symbols` (a path and its ELF)
     /// and reading the files of reported mappings under `sysroot`.
-    pub fn new(symbols: Option<(String, &[u8])>, sysroot: Option<PathBuf>) -> Self {
+    pub fn new(symbols: Option<(String, &[u8])>, sysroot: Option<Sysroot>) -> Self {
         let mut r = Resolver {
             sysroot,
             ..Resolver::default()
@@ -269,10 +269,7 @@ impl Resolver {
         if let Some(&i) = self.by_path.get(path) {
             return i;
         }
-        let elf = self.sysroot.as_deref().and_then(|root| {
-            let file = inside(root, path)?;
-            std::fs::read(file).ok()
-        });
+        let elf = self.sysroot.as_ref().and_then(|root| root.read(path));
         if self.sysroot.is_some() && elf.is_none() {
             self.missing.insert(path.to_owned());
         }
@@ -292,6 +289,11 @@ impl Resolver {
             maps.iter()
                 .rev()
                 .find(|(m, _)| (m.start..m.end).contains(&address))
+        });
+        // A mapped file that could not be read (no sysroot, or not in it)
+        // leaves the address to the `--symbols` ELF, when one was given.
+        let mapped = mapped.filter(|(_, object)| {
+            self.fallback.is_none() || self.objects[*object as usize].symbols.is_some()
         });
         match (mapped, self.fallback) {
             // A file not found (or outside its segments) keeps the guest's
@@ -329,20 +331,6 @@ impl Resolver {
     }
 }
 
-/// `path` (a guest's absolute path) under `root`: `None` for a path with
-/// `..` or other components that could leave the root.
-fn inside(root: &Path, path: &str) -> Option<PathBuf> {
-    let mut out = root.to_path_buf();
-    for c in Path::new(path).components() {
-        match c {
-            Component::RootDir | Component::CurDir => {}
-            Component::Normal(part) => out.push(part),
-            Component::ParentDir | Component::Prefix(_) => return None,
-        }
-    }
-    Some(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -374,7 +362,7 @@ mod tests {
         let demo = crate::guests::get("demo").unwrap();
         std::fs::write(root.join("bin/demo"), demo).unwrap();
         let main = Symbols::from_elf(demo).unwrap().address_of("main").unwrap();
-        let mut r = Resolver::new(None, Some(root.clone()));
+        let mut r = Resolver::new(None, Some(Sysroot::Dir(root.clone())));
         // The demo guest mapped 1 MiB higher than it is linked (a PIE's
         // load bias): names come from its own addresses.
         r.mapping(&mapping(0xa000, 0x20_0000, "/bin/demo", true));
@@ -404,6 +392,11 @@ mod tests {
             format!("{:#x}", main + 0x10_0000)
         );
         std::fs::remove_dir_all(root).unwrap();
+
+        // Without a sysroot, a mapped address is the `--symbols` ELF's.
+        let mut r = Resolver::new(Some(("demo".into(), demo)), None);
+        r.mapping(&mapping(0xa000, main & !0xfff, "/bin/demo", true));
+        assert_eq!(named(&r, 0xa000, main), "main");
     }
 
     #[test]

@@ -314,7 +314,10 @@ mod tests {
             .unwrap()
             .address_of("main")
             .expect("main");
-        let mut resolver = Resolver::new(None, Some(dir.clone()));
+        let mut resolver = Resolver::new(
+            None,
+            Some(crate::profile::sysroot::Sysroot::Dir(dir.clone())),
+        );
         // The guest's segment: 1 MiB up, from file offset 4 KiB (guest.ld).
         resolver.mapping(&MappingLine {
             cr3: 0x1000,

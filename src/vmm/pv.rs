@@ -21,6 +21,12 @@ pub const LEAF_PV_LINES: u32 = 0x4000_0102;
 pub const THRESHOLD_GSI: u32 = 16;
 /// How many vCPUs get a threshold line (the IOAPIC has 24 pins).
 pub const THRESHOLD_LINES: u32 = 8;
+/// Operation 6's RDI: bit 0 puts the vCPU's threshold interrupts on its
+/// line.
+pub const LINE_ON: u64 = 1;
+/// Operation 6's RDI: bit 1 (with bit 0) answers the crossings of the
+/// register calls' instructions in their replies (RDX = 1) instead.
+pub const LINE_CROSSINGS_IN_REPLY: u64 = 2;
 /// The signature in EBX, ECX, EDX of [`LEAF_PV_BASE`]: "LwpVmmLwpVmm".
 pub const PV_SIGNATURE: [u32; 3] = [
     u32::from_le_bytes(*b"LwpV"),

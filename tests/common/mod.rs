@@ -35,6 +35,61 @@ pub fn linux() -> &'static PathBuf {
     })
 }
 
+/// What a Linux run printed. Its `Display` leads with what a failing test
+/// needs (the self-test's failed checks, then lwpvmm's standard error and
+/// the console's last lines), because CI shows only the start of a
+/// failure's message; the whole console follows.
+pub struct Console {
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl std::ops::Deref for Console {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.stdout
+    }
+}
+
+impl std::fmt::Display for Console {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        const TAIL: usize = 30;
+        writeln!(
+            f,
+            "--- failed checks, with the details indented under them ---"
+        )?;
+        let mut in_failure = false;
+        for line in self.stdout.lines() {
+            in_failure = line.contains("not ok") || (in_failure && line.starts_with("    "));
+            if in_failure {
+                writeln!(f, "{line}")?;
+            }
+        }
+        writeln!(
+            f,
+            "--- lwpvmm's standard error ---\n{}",
+            self.stderr.trim_end()
+        )?;
+        let lines: Vec<&str> = self.stdout.lines().collect();
+        writeln!(f, "--- the console's last {TAIL} lines ---")?;
+        for line in &lines[lines.len().saturating_sub(TAIL)..] {
+            writeln!(f, "{line}")?;
+        }
+        write!(f, "--- the whole console ---\n{}", self.stdout)
+    }
+}
+
+impl Console {
+    /// What `out` printed.
+    pub fn of(out: &Output) -> Self {
+        Console {
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+}
+
 /// Quotes `s` for `sh`.
 fn quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))

@@ -37,7 +37,11 @@
  * - The threshold interrupt: one IOAPIC line per CPU (CPUID 0x40000102), with
  *   request_irq and its affinity pinned to that CPU; lwpvmm raises the line
  *   of the CPU whose unit crossed the threshold while that CPU runs the
- *   owning task, and the handler sends it SIGIO.
+ *   owning task (a sampled event, at CPL3 with interrupts on), and the
+ *   handler sends it SIGIO.  A crossing by an instruction the register
+ *   calls emulate comes back in the call's reply instead, and the task gets
+ *   SIGIO there: its handler runs with interrupts off, so the line's
+ *   interrupt could arrive after a switch.
  * - /proc/lwp_cpuid: CPUID leaf 0x8000001C as the kernel reads it (CPUID at
  *   CPL3 returns the host's leaves on nested hosts such as kvm_pvm).
  * - Power-off through lwpvmm's power port.
@@ -50,12 +54,16 @@
 #include <linux/acpi.h>
 #include <linux/binfmts.h>
 #include <linux/cpuhotplug.h>
+#include <linux/dcache.h>
+#include <linux/elf.h>
+#include <linux/fs.h>
 #include <linux/init.h>
 #include <linux/interrupt.h>
 #include <linux/irq.h>
 #include <linux/irq_work.h>
 #include <linux/kdebug.h>
 #include <linux/llist.h>
+#include <linux/mm.h>
 #include <linux/module.h>
 #include <linux/pagemap.h>
 #include <linux/percpu.h>
@@ -93,6 +101,7 @@
 #define FEAT_POWER		(1u << 4)
 #define FEAT_REGS		(1u << 5)
 #define FEAT_LINES		(1u << 6)
+#define FEAT_MAPPINGS		(1u << 7)
 #define STATE_PORT		0x5d
 #define POWER_PORT		0x5e
 #define POWER_OFF		0
@@ -106,12 +115,17 @@ enum {
 	OP_THRESHOLD_LINE = 6,
 	OP_SWITCH_OUT = 7,
 	OP_SWITCH_IN = 8,
+	OP_EXEC_MAPPING = 9,
 };
 enum {
 	ST_OK = 0,
 	ST_REFUSED = 3,
 	ST_FAULT = 6,
 };
+/* Operation 6's RDI: the line, and the register calls' crossings answered
+ * in their replies. */
+#define LINE_ON			1
+#define LINE_CROSSINGS_IN_REPLY	2
 
 #define MSR_LWP_CFG		0xc0000105
 #define LWP_LEAF		0x8000001c
@@ -354,6 +368,200 @@ static void lwp_fault(struct lwp_task *st, struct pt_regs *regs,
 	}
 }
 
+/* State call 9's structure (docs/pv-abi.md, "Executable mappings"). */
+#define MAPPING_PATH_MAX	256
+#define BUILD_ID_MAX		20
+#define MAPPING_FIRST		1
+/* The executable mappings one report names at most, and the bytes of ELF
+ * program headers and notes read to find a build ID. */
+#define MAPPINGS_MAX		64
+#define ELF_READ_MAX		4096
+#define NT_GNU_BUILD_ID_TYPE	3
+
+struct exec_mapping {
+	u64 start, end, offset;
+	u32 build_id_len, flags;
+	u8 build_id[BUILD_ID_MAX];
+	u8 reserved[4];
+	char path[MAPPING_PATH_MAX];
+};
+static_assert(sizeof(struct exec_mapping) == 312);
+
+struct mapping_report {
+	struct callback_head work;
+	struct exec_mapping m;
+	u8 buf[ELF_READ_MAX];
+};
+
+/* The GNU build ID in the notes at buf[0..len), aligned to `align`. */
+static void note_build_id(const u8 *buf, size_t len, size_t align,
+			  struct exec_mapping *m)
+{
+	size_t at = 0;
+
+	while (at + 12 <= len) {
+		const u32 *h = (const u32 *)(buf + at);
+		size_t name = ALIGN((size_t)h[0], align);
+		size_t desc = ALIGN((size_t)h[1], align);
+
+		if (name > len || desc > len || at + 12 + name + desc > len)
+			return;
+		if (h[2] == NT_GNU_BUILD_ID_TYPE && h[0] == 4 &&
+		    memcmp(buf + at + 12, "GNU", 4) == 0 && h[1] <= BUILD_ID_MAX) {
+			memcpy(m->build_id, buf + at + 12 + name, h[1]);
+			m->build_id_len = h[1];
+			return;
+		}
+		at += 12 + name + desc;
+	}
+}
+
+/* Reads `len` bytes of `file` at `pos` into buf; whether it read them. */
+static bool read_at(struct file *file, u8 *buf, size_t len, loff_t pos)
+{
+	return len <= ELF_READ_MAX && kernel_read(file, buf, len, &pos) == (ssize_t)len;
+}
+
+/* The ELF build ID of `file` (32- or 64-bit), from its PT_NOTE segments;
+ * none when the file is not ELF or the notes do not fit. */
+static void file_build_id(struct file *file, struct mapping_report *r)
+{
+	struct exec_mapping *m = &r->m;
+	bool is64;
+	u64 phoff;
+	unsigned int phnum, phentsize, i;
+
+	if (!read_at(file, r->buf, sizeof(Elf64_Ehdr), 0) ||
+	    memcmp(r->buf, ELFMAG, SELFMAG) != 0)
+		return;
+	is64 = r->buf[EI_CLASS] == ELFCLASS64;
+	if (is64) {
+		const Elf64_Ehdr *e = (const Elf64_Ehdr *)r->buf;
+
+		phoff = e->e_phoff;
+		phnum = e->e_phnum;
+		phentsize = e->e_phentsize;
+		if (phentsize != sizeof(Elf64_Phdr))
+			return;
+	} else {
+		const Elf32_Ehdr *e = (const Elf32_Ehdr *)r->buf;
+
+		phoff = e->e_phoff;
+		phnum = e->e_phnum;
+		phentsize = e->e_phentsize;
+		if (r->buf[EI_CLASS] != ELFCLASS32 || phentsize != sizeof(Elf32_Phdr))
+			return;
+	}
+	for (i = 0; i < phnum && i < ELF_READ_MAX / sizeof(Elf64_Phdr); i++) {
+		u64 type, offset, size, align;
+
+		if (!read_at(file, r->buf, phentsize, phoff + (u64)i * phentsize))
+			return;
+		if (is64) {
+			const Elf64_Phdr *p = (const Elf64_Phdr *)r->buf;
+
+			type = p->p_type, offset = p->p_offset;
+			size = p->p_filesz, align = p->p_align;
+		} else {
+			const Elf32_Phdr *p = (const Elf32_Phdr *)r->buf;
+
+			type = p->p_type, offset = p->p_offset;
+			size = p->p_filesz, align = p->p_align;
+		}
+		if (type != PT_NOTE || size > ELF_READ_MAX ||
+		    !read_at(file, r->buf, size, offset))
+			continue;
+		note_build_id(r->buf, size, align == 8 ? 8 : 4, m);
+		if (m->build_id_len)
+			return;
+	}
+}
+
+/* Tells lwpvmm which files the task's address space runs (state call 9),
+ * before its first record: each executable file mapping with its path and
+ * build ID, the first flagged so that lwpvmm forgets what an earlier
+ * address space with the same CR3 ran. */
+static void lwp_report_mappings(struct callback_head *work)
+{
+	struct mapping_report *r = container_of(work, struct mapping_report, work);
+	struct mm_struct *mm = current->mm;
+	struct {
+		unsigned long start, end, offset;
+		struct file *file;
+	} *spans;
+	struct vm_area_struct *vma;
+	unsigned int n = 0, i, sent = 0;
+
+	spans = kcalloc(MAPPINGS_MAX, sizeof(*spans), GFP_KERNEL);
+	if (!spans || !mm || (current->flags & PF_EXITING))
+		goto out;
+	mmap_read_lock(mm);
+	{
+		VMA_ITERATOR(vmi, mm, 0);
+
+		for_each_vma(vmi, vma) {
+			if (!(vma->vm_flags & VM_EXEC) || !vma->vm_file)
+				continue;
+			if (n == MAPPINGS_MAX)
+				break;
+			spans[n].start = vma->vm_start;
+			spans[n].end = vma->vm_end;
+			spans[n].offset = vma->vm_pgoff << PAGE_SHIFT;
+			spans[n].file = get_file(vma->vm_file);
+			n++;
+		}
+	}
+	mmap_read_unlock(mm);
+	for (i = 0; i < n; i++) {
+		struct exec_mapping *m = &r->m;
+		char *path;
+
+		memset(m, 0, sizeof(*m));
+		path = d_path(&spans[i].file->f_path, m->path, sizeof(m->path));
+		if (!IS_ERR(path)) {
+			memmove(m->path, path, strlen(path) + 1);
+			m->start = spans[i].start;
+			m->end = spans[i].end;
+			m->offset = spans[i].offset;
+			m->flags = sent == 0 ? MAPPING_FIRST : 0;
+			file_build_id(spans[i].file, r);
+			if (pv_call(OP_EXEC_MAPPING, m, 0).status == ST_OK)
+				sent++;
+		}
+		fput(spans[i].file);
+	}
+out:
+	kfree(spans);
+	kfree(r);
+}
+
+/* Queues the report of a task's mappings for its return to user mode: the
+ * #UD handler that found its first LWP instruction cannot sleep. */
+static void report_mappings_later(void)
+{
+	struct mapping_report *r;
+
+	if (!(features & FEAT_MAPPINGS))
+		return;
+	r = kmalloc(sizeof(*r), GFP_ATOMIC);
+	if (!r)
+		return;
+	init_task_work(&r->work, lwp_report_mappings);
+	if (task_work_add(current, &r->work, TWA_RESUME))
+		kfree(r);
+}
+
+/* A register call's instruction crossed the threshold (RDX = 1, asked for
+ * with operation 6's RDI bit 1): the task is current here, so it gets its
+ * SIGIO now.  The line's interrupt would stay pending while this handler
+ * runs with interrupts off and could arrive after a switch to another task
+ * that uses LWP. */
+static void crossed(const struct pv_reply *r)
+{
+	if (r->dx == 1)
+		send_sig(SIGIO, current, 1);
+}
+
 static int lwp_ud(struct pt_regs *regs)
 {
 	struct lwp_task *st = lwp_task_of(current);
@@ -361,8 +569,11 @@ static int lwp_ud(struct pt_regs *regs)
 
 	if (r.status != ST_OK && r.status != ST_FAULT)
 		return NOTIFY_DONE;
-	if (!st)
+	if (!st) {
 		st = lwp_task_new();
+		if (st)
+			report_mappings_later();
+	}
 	if (r.status == ST_FAULT) {
 		lwp_fault(st, regs, &r);
 	} else if (!st) {
@@ -372,6 +583,7 @@ static int lwp_ud(struct pt_regs *regs)
 				    current->comm, task_pid_nr(current));
 	} else {
 		st->fault_count = 0;
+		crossed(&r);
 	}
 	return NOTIFY_STOP;
 }
@@ -382,6 +594,7 @@ static int lwp_db(struct pt_regs *regs)
 
 	if (r.status != ST_OK)
 		return NOTIFY_DONE;
+	crossed(&r);
 	if (test_thread_flag(TIF_SINGLESTEP)) {
 		/* The task's debugger steps it too: the trap is also its. */
 		regs->flags |= X86_EFLAGS_TF;
@@ -423,9 +636,10 @@ static struct linux_binfmt lwp_binfmt = {
 
 static irqreturn_t lwp_threshold(int irq, void *dev)
 {
-	/* lwpvmm raised the line while emulating an event of the task that
-	 * owns the LWPCB, on this CPU: it is current unless it was switched
-	 * out since, and then it has no LWP state here. */
+	/* lwpvmm raises the line only for an event it charged to the task
+	 * running at CPL3 on this CPU, with interrupts on: the interrupt
+	 * arrives before that task runs another instruction.  Crossings of
+	 * the register calls come in their replies (crossed()). */
 	if (current->mm && lwp_task_of(current))
 		send_sig(SIGIO, current, 1);
 	return IRQ_HANDLED;
@@ -451,7 +665,7 @@ static bool line_up(unsigned int cpu)
 	    request_irq(irq, lwp_threshold, IRQF_NOBALANCING, "lwpvmm-threshold",
 			NULL))
 		return false;
-	if (pv_call(OP_THRESHOLD_LINE, (void *)1, 0).status != ST_OK) {
+	if (pv_call(OP_THRESHOLD_LINE, (void *)(LINE_ON | LINE_CROSSINGS_IN_REPLY), 0).status != ST_OK) {
 		free_irq(irq, NULL);
 		return false;
 	}

@@ -48,6 +48,11 @@ pub struct LwpState {
     /// (state-call operation 6).
     #[serde(default)]
     pub threshold_line: bool,
+    /// Crossings of the instructions the register calls emulate are
+    /// answered in the call's reply, not on the line (operation 6, RDI bit
+    /// 1).
+    #[serde(default)]
+    pub crossings_in_reply: bool,
 }
 
 /// A vCPU's LWP state.
@@ -57,6 +62,7 @@ pub struct VcpuLwp {
     instructions: bool,
     lwpcb_cr3: Option<u64>,
     threshold_line: bool,
+    crossings_in_reply: bool,
     /// The trace gets the call stacks of sampled, LWPINS and LWPVAL records.
     stacks: bool,
     /// Where the stack of the CPL3 context this exit stored records for
@@ -95,6 +101,7 @@ impl VcpuLwp {
             instructions,
             lwpcb_cr3,
             threshold_line: saved.is_some_and(|s| s.threshold_line),
+            crossings_in_reply: saved.is_some_and(|s| s.threshold_line && s.crossings_in_reply),
             stacks: false,
             unwind: None,
             stepper: Stepper::new(stepping, steps),
@@ -111,13 +118,31 @@ impl VcpuLwp {
             lwpcb_cr3: self.lwpcb_cr3,
             stepping: self.stepper.state(),
             threshold_line: self.threshold_line,
+            crossings_in_reply: self.crossings_in_reply,
         })
     }
 
     /// Threshold interrupts go to the vCPU's threshold line (`true`) or are
-    /// MSIs to the vector in LWP_CFG.
-    pub fn set_threshold_line(&mut self, on: bool) {
+    /// MSIs to the vector in LWP_CFG. With a line, `in_reply` makes the
+    /// register calls (operations 4 and 5) answer their own crossings:
+    /// their kernel runs with interrupts off, and the line's interrupt,
+    /// pending until it turns them on, can arrive after a switch to another
+    /// task.
+    pub fn set_threshold_line(&mut self, on: bool, in_reply: bool) {
         self.threshold_line = on;
+        self.crossings_in_reply = on && in_reply;
+    }
+
+    /// Whether a register call's reply carries a threshold crossing: takes
+    /// the unit's due interrupt when the kernel asked for crossings in
+    /// replies.
+    pub fn take_reply_crossing(&mut self) -> bool {
+        self.crossings_in_reply
+            && self
+                .unit
+                .as_mut()
+                .and_then(LwpUnit::take_interrupt)
+                .is_some()
     }
 
     /// Precise events the stepper cannot produce yet (a trap-flag host
@@ -505,7 +530,7 @@ mod exit_side_tests {
         ];
         for (vector, line, delivered, raised) in table {
             let mut r = Rig::new(LwpProfile::Emulated, None);
-            r.lwp.set_threshold_line(line);
+            r.lwp.set_threshold_line(line, false);
             let int = 1u32 << 31;
             r.lwpcb_with(int | CNH, 32);
             let cfg = u64::from(int | CNH) | vector << 40;

@@ -25,8 +25,8 @@ use crate::profile::objects::hex;
 use crate::profile::trace::MappingLine;
 use crate::vmm::privilege;
 use crate::vmm::pv::{
-    ExecMapping, MAPPING_FIRST, REGS_FRAME_OFFSET, REGS_SIZE, Reply, SavedRegs, StateOp,
-    StateStatus, THRESHOLD_LINES,
+    ExecMapping, LINE_CROSSINGS_IN_REPLY, LINE_ON, MAPPING_FIRST, REGS_FRAME_OFFSET, REGS_SIZE,
+    Reply, SavedRegs, StateOp, StateStatus, THRESHOLD_LINES,
 };
 
 /// Handles a write to the state port.
@@ -182,25 +182,45 @@ fn state_call(cx: &mut ExitCx<'_>, op: u8, area_at: u64, rsi: u64) -> (StateStat
             cx.lwp.declare_db();
             (StateStatus::Ok, Detail::Nothing)
         }
-        StateOp::UdRegs => {
-            let (status, fault) = ud_regs(cx, &sregs, area_at);
-            (status, fault.into())
-        }
+        StateOp::UdRegs => match ud_regs(cx, &sregs, area_at) {
+            (StateStatus::Ok, _) => (StateStatus::Ok, crossing_reply(cx)),
+            (status, fault) => (status, fault.into()),
+        },
         StateOp::DbRegs => {
             let frame_at = area_at.wrapping_add(REGS_FRAME_OFFSET);
             match stepper::step_trap(cx, &sregs, frame_at) {
-                Reply::Handled => (StateStatus::Ok, Detail::Nothing),
+                Reply::Handled => (StateStatus::Ok, crossing_reply(cx)),
                 Reply::NotOurs => (StateStatus::NotOurs, Detail::Nothing),
             }
         }
         StateOp::ThresholdLine => {
+            if area_at & !(LINE_ON | LINE_CROSSINGS_IN_REPLY) != 0
+                || area_at == LINE_CROSSINGS_IN_REPLY
+            {
+                return (StateStatus::BadCall, Detail::Nothing);
+            }
             if u32::from(cx.vcpu.id()) >= THRESHOLD_LINES {
                 return (StateStatus::NoLine, Detail::Nothing);
             }
-            cx.lwp.set_threshold_line(area_at != 0);
+            cx.lwp.set_threshold_line(
+                area_at & LINE_ON != 0,
+                area_at & LINE_CROSSINGS_IN_REPLY != 0,
+            );
             (StateStatus::Ok, Detail::Nothing)
         }
         StateOp::ExecMapping => (exec_mapping(cx, &view, sregs.cr3, area_at), Detail::Nothing),
+    }
+}
+
+/// RDX of a register call that succeeded: 1 when the instruction crossed
+/// the threshold and the kernel asked for crossings in replies (it signals
+/// the task itself, now current, and nothing is raised on the line).
+fn crossing_reply(cx: &mut ExitCx<'_>) -> Detail {
+    if cx.lwp.take_reply_crossing() {
+        cx.metrics.lwp_interrupts.fetch_add(1, Ordering::Relaxed);
+        Detail::Value(1)
+    } else {
+        Detail::Nothing
     }
 }
 
@@ -294,6 +314,7 @@ mod tests {
     use crate::lwp::cpuid::{LwpFeatures, LwpProfile};
     use crate::lwp::fault::PF_USER;
     use crate::vmm::step::StepBackend;
+    use crate::vmm::vcpu::lwp::after_exit;
     use crate::vmm::vcpu::testing::*;
     use vm_memory::{Bytes, GuestAddress};
 
@@ -678,23 +699,67 @@ mod tests {
 
     #[test]
     fn the_threshold_line_call() {
-        // (profile, RDI, status, threshold line on after)
+        // (profile, RDI, status, threshold line on after, crossings in
+        // replies after)
         let table = [
-            (LwpProfile::Emulated, 1, StateStatus::Ok, true),
-            (LwpProfile::Emulated, 0, StateStatus::Ok, false),
-            (LwpProfile::Off, 1, StateStatus::NoLwp, false),
+            (LwpProfile::Emulated, 1, StateStatus::Ok, true, false),
+            (LwpProfile::Emulated, 3, StateStatus::Ok, true, true),
+            (LwpProfile::Emulated, 0, StateStatus::Ok, false, false),
+            (LwpProfile::Emulated, 2, StateStatus::BadCall, false, false),
+            (LwpProfile::Emulated, 5, StateStatus::BadCall, false, false),
+            (LwpProfile::Off, 1, StateStatus::NoLwp, false, false),
         ];
-        for (profile, rdi, status, on) in table {
+        for (profile, rdi, status, on, in_reply) in table {
             let mut r = Rig::new(profile, None);
             r.vcpu.regs.rax = 6;
             r.vcpu.regs.rdi = rdi;
             lwp_state_call(&mut r.cx());
             assert_eq!(r.vcpu.regs.rax, status as u64, "{profile} {rdi}");
+            let state = r.lwp.state();
             assert_eq!(
-                r.lwp.state().is_some_and(|s| s.threshold_line),
-                on,
+                state
+                    .as_ref()
+                    .map(|s| (s.threshold_line, s.crossings_in_reply)),
+                (profile != LwpProfile::Off).then_some((on, in_reply)),
                 "{profile} {rdi}"
             );
+        }
+    }
+
+    /// A crossing by the instruction of a #UD register call: with crossings
+    /// in replies, RDX = 1 and nothing on the line (the kernel signals the
+    /// task, current now; the line's interrupt would wait for interrupts to
+    /// be turned on, maybe after a switch); with the line only, RDX = 0 and
+    /// one edge after the exit.
+    #[test]
+    fn a_register_call_answers_its_crossing_in_the_reply_when_asked() {
+        // (operation 6's RDI, RDX of the LWPINS call, edges on the line)
+        for (rdi, rdx, edges) in [(3u64, 1u64, 0u32), (1, 0, 1)] {
+            let mut r = Rig::new(LwpProfile::Emulated, None);
+            r.vcpu.regs.rax = 6;
+            r.vcpu.regs.rdi = rdi;
+            lwp_state_call(&mut r.cx());
+            let int = 1u32 << 31;
+            r.lwpcb_with(int | 0x2, 32);
+            r.lwp
+                .unit_mut()
+                .unwrap()
+                .write_cfg(u64::from(int | 0x2))
+                .unwrap();
+            r.code(USER_CODE + 0x100, &LLWPCB_RAX);
+            r.frame(USER_CODE + 0x100, USER_CS, USER_DS, 0x202);
+            r.vcpu.regs.rax = LWPCB;
+            doorbell::ud_doorbell(&mut r.cx()).unwrap();
+            r.code(USER_CODE, &LWPINS);
+            r.frame(USER_CODE, USER_CS, USER_DS, 0x202);
+            r.vcpu.regs.rax = 4;
+            r.vcpu.regs.rdi = REGS_AT;
+            lwp_state_call(&mut r.cx());
+            after_exit(&mut r.cx()).unwrap();
+            assert_eq!(r.vcpu.regs.rax, StateStatus::Ok as u64, "RDI {rdi}");
+            assert_eq!(r.vcpu.regs.rdx, rdx, "RDI {rdi}");
+            assert_eq!(r.vcpu.lines.get(), edges, "RDI {rdi}");
+            assert_eq!(r.metrics.counters().lwp_interrupts, 1, "RDI {rdi}");
         }
     }
 
