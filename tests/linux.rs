@@ -174,36 +174,33 @@ fn a_guest_on_two_vcpus_passes_profiles_and_resumes_from_a_snapshot() {
         "{console}"
     );
 
-    let hot = linux().join("bin/lwp-hot");
-    let report = Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
-        .args(["report", trace_arg, "--symbols"])
-        .arg(&hot)
-        .output()
-        .expect("run lwpvmm report");
-    let text = String::from_utf8_lossy(&report.stdout);
-    assert!(report.status.success(), "{report:?}");
-    assert_eq!(top_function(&text), Some("hot_4"), "{text}");
-
-    // The module named each process's executable (state call 9): the
-    // report finds lwp-hot's own file, by its guest path, under a sysroot
-    // holding the guest's programs, and the mapping carries its build ID.
+    // The module named each process's executable (state call 9), with its
+    // build ID: the report finds lwp-hot's own file by its guest path under
+    // a sysroot (a directory of the guest's programs, or the initramfs the
+    // guest booted), as it does from lwp-hot given as the one ELF.
     let traced = std::fs::read_to_string(&trace).expect("read the trace");
     let hot_mapping = traced
         .lines()
         .find(|l| l.starts_with("{\"mapping\"") && l.contains("\"path\":\"/lwp-hot\""))
         .unwrap_or_else(|| panic!("no mapping line names /lwp-hot"));
     assert!(!hot_mapping.contains("\"build_id\":\"\""), "{hot_mapping}");
-    // The sysroot: a directory of the guest's programs, or the initramfs
-    // the guest booted.
-    for sysroot in [linux().join("bin"), linux().join("initramfs.cpio")] {
+    for (option, file) in [
+        ("--symbols", linux().join("bin/lwp-hot")),
+        ("--sysroot", linux().join("bin")),
+        ("--sysroot", linux().join("initramfs.cpio")),
+    ] {
         let report = Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
-            .args(["report", trace_arg, "--sysroot"])
-            .arg(&sysroot)
+            .args(["report", trace_arg, option])
+            .arg(&file)
             .output()
             .expect("run lwpvmm report");
         let text = String::from_utf8_lossy(&report.stdout);
-        assert!(report.status.success(), "{sysroot:?}: {report:?}");
-        assert_eq!(top_function(&text), Some("hot_4"), "{sysroot:?}: {text}");
+        assert!(report.status.success(), "{option} {file:?}: {report:?}");
+        assert_eq!(
+            top_function(&text),
+            Some("hot_4"),
+            "{option} {file:?}: {text}"
+        );
     }
     let _ = std::fs::remove_file(&trace);
 

@@ -191,6 +191,9 @@ mod tests {
         path
     }
 
+    /// An archive, a guest path, and what reading it gives.
+    type Lookup<'a> = (&'a [u8], &'a str, Option<&'a [u8]>);
+
     #[test]
     fn an_initramfs_gives_its_regular_files_by_guest_path() {
         let first = archive(&[
@@ -206,7 +209,7 @@ mod tests {
         gz.write_all(&two).unwrap();
         let gzipped = gz.finish().unwrap();
         // (archive, guest path, what it reads)
-        let table: [(&[u8], &str, Option<&[u8]>); 8] = [
+        let table: [Lookup; 8] = [
             (&first, "/bin/hot", Some(b"\x7fELF hot")),
             (&first, "bin/hot", Some(b"\x7fELF hot")),
             (&first, "/init", Some(b"old init")),
