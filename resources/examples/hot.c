@@ -14,17 +14,22 @@ static void out(const char *s)
         __asm__ volatile("outb %0, %1" : : "a"(*s), "Nd"((unsigned short)0x3f8));
 }
 
-void __attribute__((noinline)) cold(u64 n) { for (u64 i = 0; i < n; i++) sink += i; }
-void __attribute__((noinline)) warm(u64 n) { for (u64 i = 0; i < 3 * n; i++) sink += i; }
-void __attribute__((noinline)) hot(u64 n) { for (u64 i = 0; i < 6 * n; i++) sink += i; }
+/* The same loop in each, aligned alike, so that only the count the caller
+ * passes makes one hotter than another: CPUs run a loop that crosses a
+ * cache line slower, which would skew the profile. */
+#define SPIN(name) \
+    void __attribute__((noinline, aligned(64))) name(u64 n) { for (u64 i = 0; i < n; i++) sink += i; }
+SPIN(cold)
+SPIN(warm)
+SPIN(hot)
 
 __attribute__((section(".text.start"))) void _start(void)
 {
     out("hot: working\n");
     for (int r = 0; r < 10; r++) {
         cold(10000000);
-        warm(10000000);
-        hot(10000000);
+        warm(30000000);
+        hot(60000000);
     }
     out("hot: done\n");
 }

@@ -24,9 +24,15 @@ static struct lwpcb pcb __attribute__((aligned(64)));
 static struct lwp_record samples[SAMPLE_RECORDS] __attribute__((aligned(4096)));
 static volatile u64 sink;
 
-void __attribute__((noinline)) work_1(u64 n) { for (u64 i = 0; i < n; i++) sink += i; }
-void __attribute__((noinline)) work_2(u64 n) { for (u64 i = 0; i < 2 * n; i++) sink += i; }
-void __attribute__((noinline)) work_4(u64 n) { for (u64 i = 0; i < 4 * n; i++) sink += i; }
+/* Byte-identical bodies at the same alignment, with the caller scaling
+ * the count: on an AMD family 19h CPU a loop that happened to cross a
+ * 64-byte line ran at half the speed of the others, so the shape is only
+ * the program's if the three loops cost the same per iteration. */
+#define WORK(name) \
+    void __attribute__((noinline, aligned(64))) name(u64 n) { for (u64 i = 0; i < n; i++) sink += i; }
+WORK(work_1)
+WORK(work_2)
+WORK(work_4)
 
 static void profile_shape(void)
 {
@@ -40,8 +46,8 @@ static void profile_shape(void)
     check(pcb.flags == LWP_CNH, "llwpcb granted CNH (sampled CPU clocks)");
     for (u32 r = 0; r < ROUNDS; r++) {
         work_1(unit);
-        work_2(unit);
-        work_4(unit);
+        work_2(2 * unit);
+        work_4(4 * unit);
     }
     __slwpcb();
     __llwpcb(0);
