@@ -1,4 +1,4 @@
-//! seccomp: a thread under lwpvmm's vCPU, control or device filter that makes a
+//! seccomp: a thread under lwpvmm's vCPU, control, device or API filter that makes a
 //! system call outside its allowlist (or an ioctl request the thread does
 //! not make) stops the whole process with status 2 and a message naming the
 //! thread and the call; allowed calls go through; in `log` mode the call
@@ -24,6 +24,8 @@ fn probe(which: &str) -> ! {
         ThreadKind::Control
     } else if which.starts_with("device") {
         ThreadKind::Device
+    } else if which.starts_with("api") {
+        ThreadKind::Api
     } else {
         ThreadKind::Vcpu
     };
@@ -63,7 +65,7 @@ fn main() {
     );
     let me = std::env::current_exe().expect("current exe");
     // (probe, exit code, text on stdout or stderr)
-    let cases: [(&str, i32, &str); 10] = [
+    let cases: [(&str, i32, &str); 13] = [
         ("vcpu-allowed", 0, "alive"),
         ("vcpu-denied", 2, "seccomp: thread probe (tid "),
         (
@@ -83,6 +85,13 @@ fn main() {
         ("device-denied", 2, "seccomp: thread probe (tid "),
         (
             "device-create-vm",
+            2,
+            "made syscall 16 (ioctl, request 0xae01)",
+        ),
+        ("api-allowed", 0, "alive"),
+        ("api-denied", 2, "seccomp: thread probe (tid "),
+        (
+            "api-create-vm",
             2,
             "made syscall 16 (ioctl, request 0xae01)",
         ),

@@ -15,6 +15,7 @@ use thiserror::Error;
 use crate::lwp::cpuid::{GuestLwpSupport, LwpProfile};
 use crate::profile::report::ReportError;
 use crate::profile::trace::TraceError;
+use crate::vmm::api::ApiConfig;
 use crate::vmm::boot::BootError;
 use crate::vmm::devices::{GuestEnd, SerialOut};
 use crate::vmm::output::{OutputError, OutputKind};
@@ -161,6 +162,17 @@ pub struct HostArgs {
     /// --snapshot-dir).
     #[arg(long, requires = "snapshot_dir")]
     pub snapshot_after: Option<u64>,
+    /// Serve the control API (HTTP/1.1, JSON) on this Unix socket, created
+    /// owner-only: pause, resume, snapshot, metrics, stop. lwpvmm refuses
+    /// a path that exists and removes the socket at exit. docs/profiling.md
+    /// lists the endpoints.
+    #[arg(long, value_name = "PATH")]
+    pub api_sock: Option<PathBuf>,
+    /// Also serve the read-only `GET /metrics` (Prometheus text) over TCP
+    /// on this address, e.g. 127.0.0.1:9100. Control endpoints stay on
+    /// --api-sock.
+    #[arg(long, value_name = "ADDR")]
+    pub api_listen: Option<std::net::SocketAddr>,
     /// For tests: take a snapshot whenever the guest writes to the snapshot
     /// debug port 0x5A (docs/pv-abi.md), at that exact point (needs
     /// --snapshot-dir).
@@ -213,6 +225,10 @@ impl From<&HostArgs> for HostConfig {
                 trace_max: a.trace_max,
                 stacks: !a.no_stacks,
                 metrics: a.metrics.clone(),
+            },
+            api: ApiConfig {
+                sock: a.api_sock.clone(),
+                listen: a.api_listen,
             },
         }
     }

@@ -89,6 +89,8 @@ pub struct HostConfig {
     pub stop_on_signals: bool,
     /// The sampler, the trace and the metrics file.
     pub profiling: Profiling,
+    /// Where the control API listens, if anywhere.
+    pub api: super::api::ApiConfig,
 }
 
 impl Default for HostConfig {
@@ -99,6 +101,7 @@ impl Default for HostConfig {
             seccomp: SeccompMode::On,
             stop_on_signals: false,
             profiling: Profiling::default(),
+            api: Default::default(),
         }
     }
 }

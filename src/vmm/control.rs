@@ -292,6 +292,9 @@ impl Control {
                 Request::Metrics(reply) => {
                     let _ = reply.send(VmCounters::of(&self.metrics));
                 }
+                Request::Paused(reply) => {
+                    let _ = reply.send(*paused);
+                }
                 Request::Stop => return true,
             }
         }

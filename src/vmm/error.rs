@@ -75,6 +75,9 @@ pub enum VmError {
         /// Why.
         source: std::io::Error,
     },
+    /// The control API could not start.
+    #[error(transparent)]
+    Api(#[from] super::api::ApiError),
     /// A thread panicked.
     #[error("the {0} thread panicked")]
     Panicked(String),

@@ -176,6 +176,42 @@ impl VmCounters {
     }
 }
 
+impl VmCounters {
+    /// The counters in the Prometheus text format (version 0.0.4), one
+    /// series per vCPU: `lwpvmm_<name>_total{vcpu="N"}`. The step backend
+    /// flags are gauges (0 or 1), without the `_total`.
+    pub fn prometheus(&self) -> String {
+        let vcpus: Vec<serde_json::Map<String, serde_json::Value>> = self
+            .vcpus
+            .iter()
+            .filter_map(|c| match serde_json::to_value(c) {
+                Ok(serde_json::Value::Object(map)) => Some(map),
+                _ => None,
+            })
+            .collect();
+        let mut out = String::new();
+        let Some(first) = vcpus.first() else {
+            return out;
+        };
+        for name in first.keys() {
+            let (series, kind) = if name.starts_with("step_backend_") {
+                (format!("lwpvmm_{name}"), "gauge")
+            } else {
+                (format!("lwpvmm_{name}_total"), "counter")
+            };
+            out.push_str(&format!("# TYPE {series} {kind}\n"));
+            for (id, map) in vcpus.iter().enumerate() {
+                let value = map.get(name).and_then(serde_json::Value::as_u64);
+                out.push_str(&format!(
+                    "{series}{{vcpu=\"{id}\"}} {}\n",
+                    value.unwrap_or(0)
+                ));
+            }
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -194,6 +230,25 @@ mod tests {
         let json = serde_json::to_value(&vm).unwrap();
         assert_eq!(json["lwpins"], 7);
         assert_eq!(json["vcpus"][0]["lwpins"], 3);
+    }
+
+    #[test]
+    fn prometheus_has_a_series_per_vcpu_and_types() {
+        let a = Arc::new(VcpuMetrics::default());
+        let b = Arc::new(VcpuMetrics::default());
+        b.lwpins.fetch_add(4, Ordering::Relaxed);
+        a.step_backend_trap_flag.store(1, Ordering::Relaxed);
+        let text = VmCounters::of(&[a, b]).prometheus();
+        for line in [
+            "# TYPE lwpvmm_lwpins_total counter",
+            "lwpvmm_lwpins_total{vcpu=\"0\"} 0",
+            "lwpvmm_lwpins_total{vcpu=\"1\"} 4",
+            "# TYPE lwpvmm_step_backend_trap_flag gauge",
+            "lwpvmm_step_backend_trap_flag{vcpu=\"0\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+        }
+        assert!(VmCounters::default().prometheus().is_empty());
     }
 
     #[test]

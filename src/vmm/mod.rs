@@ -6,6 +6,7 @@
 //! snapshots, metrics and the host-side hardening.
 
 pub mod acpi;
+pub mod api;
 pub mod boot;
 pub mod builder;
 pub mod config;

@@ -27,6 +27,8 @@ pub enum ThreadKind {
     Control,
     /// The virtio device thread: queues, disk images, taps.
     Device,
+    /// The control API's thread: its sockets, no KVM.
+    Api,
 }
 
 /// What a filter does with a system call outside its allowlist.
@@ -121,6 +123,22 @@ const DEVICE: &[i64] = &[
     libc::SYS_read,
 ];
 
+/// What the API thread adds: waiting for and accepting clients, their
+/// timeouts and credentials, reading requests, closing its side first, and
+/// a pause after a failed accept.
+const API: &[i64] = &[
+    libc::SYS_accept4,
+    libc::SYS_clock_nanosleep,
+    libc::SYS_getsockopt,
+    libc::SYS_nanosleep,
+    libc::SYS_poll,
+    libc::SYS_ppoll,
+    libc::SYS_read,
+    libc::SYS_recvfrom,
+    libc::SYS_setsockopt,
+    libc::SYS_shutdown,
+];
+
 const KVMIO: u32 = 0xae;
 
 // The KVM ioctls lwpvmm's threads make once they run, computed from the
@@ -193,7 +211,7 @@ pub fn ioctls(kind: ThreadKind) -> Vec<(&'static str, u64)> {
             ("KVM_GET_PIT2", KVM_GET_PIT2()),
             ("KVM_GET_CLOCK", KVM_GET_CLOCK()),
         ],
-        ThreadKind::Device => vec![],
+        ThreadKind::Device | ThreadKind::Api => vec![],
     }
 }
 
@@ -204,6 +222,7 @@ fn build(kind: ThreadKind, mode: SeccompMode) -> Result<BpfProgram, SeccompError
         ThreadKind::Vcpu => &[],
         ThreadKind::Control => CONTROL,
         ThreadKind::Device => DEVICE,
+        ThreadKind::Api => API,
     };
     for &nr in COMMON.iter().chain(extra) {
         rules.insert(nr, vec![]);
@@ -353,7 +372,12 @@ mod tests {
 
     #[test]
     fn filters_build() {
-        for kind in [ThreadKind::Vcpu, ThreadKind::Control, ThreadKind::Device] {
+        for kind in [
+            ThreadKind::Vcpu,
+            ThreadKind::Control,
+            ThreadKind::Device,
+            ThreadKind::Api,
+        ] {
             for mode in [SeccompMode::On, SeccompMode::Log] {
                 let program = build(kind, mode).unwrap();
                 assert!(program.len() > 10, "{kind:?} {mode:?}");

@@ -17,6 +17,7 @@ use serde::Serialize;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 use vmm_sys_util::signal::{SIGRTMIN, register_signal_handler};
 
+use super::api::ApiListeners;
 use super::config::HostConfig;
 use super::control::Control;
 use super::devices::GuestEnd;
@@ -106,6 +107,8 @@ pub enum Request {
     Snapshot(PathBuf, Sender<Result<SnapshotInfo, String>>),
     /// The counters now.
     Metrics(Sender<VmCounters>),
+    /// Whether the VM is paused.
+    Paused(Sender<bool>),
     /// Stop the VM.
     Stop,
 }
@@ -148,6 +151,20 @@ impl VmmHandle {
         self.ask(Request::Metrics)
     }
 
+    /// A handle and the end its requests arrive at, for tests that answer
+    /// them in place of a control thread.
+    #[cfg(test)]
+    pub(crate) fn for_test() -> (VmmHandle, Receiver<Request>) {
+        let (requests, received) = channel();
+        let wake = Arc::new(EventFd::new(EFD_NONBLOCK).expect("an eventfd"));
+        (VmmHandle { requests, wake }, received)
+    }
+
+    /// Whether the VM is paused now.
+    pub fn is_paused(&self) -> Result<bool, VmError> {
+        self.ask(Request::Paused)
+    }
+
     /// Stops the VM; [`Vmm::run`] then returns with [`VmEnd::Stopped`].
     pub fn stop(&self) {
         if self.requests.send(Request::Stop).is_ok() {
@@ -166,6 +183,7 @@ pub struct Vmm {
     host: HostConfig,
     requests: Receiver<Request>,
     handle: VmmHandle,
+    api: Option<ApiListeners>,
 }
 
 impl Vmm {
@@ -209,6 +227,7 @@ impl Vmm {
             exit: eventfd()?,
             snapshot_point: eventfd()?,
         });
+        let api = ApiListeners::bind(&host.api)?;
         let (sender, requests) = channel();
         Ok(Vmm {
             vm,
@@ -222,6 +241,7 @@ impl Vmm {
                 requests: sender,
                 wake: Arc::new(eventfd()?),
             },
+            api,
         })
     }
 
@@ -306,14 +326,29 @@ impl Vmm {
             requests: (self.requests, wake),
             stop_signals,
         };
-        thread::Builder::new()
+        let control = thread::Builder::new()
             .name("lwpvmm-control".into())
             .spawn(move || control.run(seccomp))
             .map_err(|source| VmError::Thread {
                 what: "control",
                 source,
-            })?
+            })?;
+        // After the control thread, which answers what the API asks; a
+        // failure here stops the VM it started.
+        let api = match self.api.map(|a| a.start(self.handle.clone(), seccomp)) {
+            Some(Err(e)) => {
+                self.handle.stop();
+                let _ = control.join();
+                return Err(e.into());
+            }
+            started => started.and_then(Result::ok),
+        };
+        let outcome = control
             .join()
-            .map_err(|_| VmError::Panicked("control".into()))?
+            .map_err(|_| VmError::Panicked("control".into()));
+        if let Some(api) = api {
+            api.finish();
+        }
+        outcome?
     }
 }

@@ -1,0 +1,228 @@
+//! The control API as a user drives it: lwpvmm runs a guest that would
+//! loop for minutes, with `--api-sock` and `--api-listen`; the test pauses,
+//! resumes, snapshots, reads the metrics and stops it over HTTP, sends
+//! what no client should (malformed, oversized, a client that leaves
+//! without its answer), checks the TCP listener refuses control endpoints,
+//! and that a second lwpvmm refuses the same socket path.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// lwpvmm, killed if the test ends without stopping it.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Sends `raw` on the Unix socket and returns (status, body).
+fn unix(sock: &Path, raw: &str) -> (u16, String) {
+    let mut s = UnixStream::connect(sock).expect("connect to the API socket");
+    exchange(&mut s, raw.as_bytes())
+}
+
+fn tcp(addr: SocketAddr, raw: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).expect("connect to --api-listen");
+    exchange(&mut s, raw.as_bytes())
+}
+
+fn exchange(s: &mut (impl Read + Write), raw: &[u8]) -> (u16, String) {
+    s.write_all(raw).unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    let status = answer
+        .get(9..12)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP answer: {answer:?}"));
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_owned();
+    (status, body)
+}
+
+fn get(path: &str) -> String {
+    format!("GET {path} HTTP/1.1\r\nHost: lwpvmm\r\n\r\n")
+}
+
+fn with_body(method: &str, path: &str, body: &str) -> String {
+    format!(
+        "{method} {path} HTTP/1.1\r\nHost: lwpvmm\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// The sampler's kicks so far: the guest arms CNH, so a running vCPU is
+/// kicked a thousand times a second and a paused one never.
+fn kicks(sock: &Path) -> u64 {
+    let (status, body) = unix(sock, &get("/vm/metrics"));
+    assert_eq!(status, 200, "{body}");
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+    json["sampler_kicks"].as_u64().expect("sampler_kicks")
+}
+
+fn free_port() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+#[test]
+fn the_api_drives_a_running_vm_and_refuses_what_it_must() {
+    common::require_kvm();
+    let dir =
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("api-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let guest = dir.join("throughput.elf");
+    std::fs::write(&guest, lwpvmm::guests::get("throughput").unwrap()).unwrap();
+    let (sock, listen) = (dir.join("api.sock"), free_port());
+    let args = |sock: &Path| {
+        vec![
+            "run".to_owned(),
+            "--kernel".into(),
+            guest.display().to_string(),
+            "--cmdline".into(),
+            "lwp=1 work=1000000000000".into(),
+            "--api-sock".into(),
+            sock.display().to_string(),
+            "--api-listen".into(),
+            listen.to_string(),
+        ]
+    };
+    let mut vm = Running(
+        Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
+            .args(args(&sock))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run lwpvmm"),
+    );
+    let started = Instant::now();
+    while UnixStream::connect(&sock).is_err() {
+        assert!(
+            vm.0.try_wait().unwrap().is_none(),
+            "lwpvmm ended before its API socket answered"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no API socket after 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mode = std::fs::metadata(&sock).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "the socket is owner-only");
+
+    let (status, body) = unix(&sock, &get("/"));
+    assert_eq!(
+        (status, body.contains("\"Running\"")),
+        (200, true),
+        "{body}"
+    );
+
+    // Paused, the guest is not kicked; resumed, it is again.
+    let pause = with_body("PATCH", "/vm", r#"{"state": "Paused"}"#);
+    assert_eq!(unix(&sock, &pause).0, 204);
+    assert!(unix(&sock, &get("/")).1.contains("\"Paused\""));
+    let before = kicks(&sock);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(kicks(&sock), before, "a paused VM was kicked");
+    let resume = with_body("PATCH", "/vm", r#"{"state": "Resumed"}"#);
+    assert_eq!(unix(&sock, &resume).0, 204);
+
+    let snap = dir.join("snap");
+    let body = format!(r#"{{"snapshot_path": "{}"}}"#, snap.display());
+    let (status, answer) = unix(&sock, &with_body("PUT", "/snapshot/create", &body));
+    assert_eq!(status, 200, "{answer}");
+    assert!(snap.join("state.bin").exists() && snap.join("memory.bin").exists());
+
+    // What no client should send: each refused with its 4xx, the VM runs on.
+    let oversized = format!(
+        "PUT /snapshot/create HTTP/1.1\r\nContent-Length: {}\r\n\r\n",
+        1 << 20
+    );
+    let long_head = format!("GET /{} HTTP/1.1\r\n\r\n", "x".repeat(10_000));
+    let refusals: [(&str, u16, &str); 6] = [
+        ("NOT HTTP\r\n\r\n", 400, "malformed"),
+        (&oversized, 413, "larger than"),
+        (&long_head, 431, "larger than"),
+        (&with_body("PATCH", "/vm", "{"), 400, "send e.g."),
+        (&get("/nothing"), 404, "there are"),
+        (&get("/actions"), 405, "takes PUT"),
+    ];
+    for (raw, want, text) in refusals {
+        let (status, body) = unix(&sock, raw);
+        assert_eq!(status, want, "{raw:.40}: {body}");
+        assert!(body.contains(text), "{raw:.40}: {body}");
+    }
+    // A client that leaves before its answer, and one that never finishes.
+    for raw in [get("/vm/metrics"), "GET / HTTP/1.1\r\n".to_owned()] {
+        let mut s = UnixStream::connect(&sock).unwrap();
+        s.write_all(raw.as_bytes()).unwrap();
+        drop(s);
+    }
+    let running = kicks(&sock);
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(kicks(&sock) > running, "the VM runs on");
+
+    // TCP: the metrics, nothing else.
+    let (status, body) = tcp(listen, &get("/metrics"));
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("# TYPE lwpvmm_exits_io_total counter"),
+        "{body}"
+    );
+    assert!(
+        body.contains("lwpvmm_exits_io_total{vcpu=\"0\"} "),
+        "{body}"
+    );
+    for raw in [
+        &pause,
+        &with_body("PUT", "/actions", r#"{"action_type": "Stop"}"#),
+    ] {
+        assert_eq!(tcp(listen, raw).0, 403);
+    }
+
+    // A second lwpvmm may not take the socket.
+    let second = Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
+        .args(args(&sock))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert_eq!(second.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("already exists"), "{stderr}");
+
+    let stop = with_body("PUT", "/actions", r#"{"action_type": "Stop"}"#);
+    assert_eq!(unix(&sock, &stop).0, 204);
+    let end = Instant::now();
+    let status = loop {
+        if let Some(status) = vm.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            end.elapsed() < Duration::from_secs(30),
+            "still running 30 s after Stop"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    vm.0.stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    assert!(!sock.exists(), "the socket is removed at exit");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
