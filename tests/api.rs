@@ -37,18 +37,47 @@ fn tcp(addr: SocketAddr, raw: &str) -> (u16, String) {
 }
 
 fn exchange(s: &mut (impl Read + Write), raw: &[u8]) -> (u16, String) {
+    let (status, body) = exchange_bytes(s, raw);
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// As [`exchange`], for a binary body (a profile).
+fn exchange_bytes(s: &mut (impl Read + Write), raw: &[u8]) -> (u16, Vec<u8>) {
     s.write_all(raw).unwrap();
-    let mut answer = String::new();
-    s.read_to_string(&mut answer).unwrap();
-    let status = answer
-        .get(9..12)
+    let mut answer = Vec::new();
+    s.read_to_end(&mut answer).unwrap();
+    let status = std::str::from_utf8(answer.get(9..12).unwrap_or_default())
+        .ok()
         .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("not an HTTP answer: {answer:?}"));
+        .unwrap_or_else(|| panic!("not an HTTP answer: {:?}", String::from_utf8_lossy(&answer)));
     let body = answer
-        .split_once("\r\n\r\n")
-        .map_or("", |(_, b)| b)
-        .to_owned();
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map_or(Vec::new(), |at| answer[at + 4..].to_vec());
     (status, body)
+}
+
+/// The CNH samples of a gzipped pprof profile, and its comments.
+fn cpu_clocks(gzipped: &[u8]) -> (i64, Vec<String>) {
+    let p = lwpvmm::profile::pprof::read(gzipped).expect("a gzipped pprof profile");
+    let slot = p
+        .sample_type
+        .iter()
+        .position(|t| p.string_table[t.r#type as usize] == "cpu_clocks");
+    let samples = slot.map_or(0, |i| p.sample.iter().map(|s| s.value[i]).sum());
+    let comments = p
+        .comment
+        .iter()
+        .map(|&c| p.string_table[c as usize].clone())
+        .collect();
+    (samples, comments)
+}
+
+/// What `GET /capture` says.
+fn capture_status(sock: &Path) -> serde_json::Value {
+    let (status, body) = unix(sock, &get("/capture"));
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
 }
 
 fn get(path: &str) -> String {
@@ -192,6 +221,64 @@ fn the_api_drives_a_running_vm_and_refuses_what_it_must() {
         &with_body("PUT", "/actions", r#"{"action_type": "Stop"}"#),
     ] {
         assert_eq!(tcp(listen, raw).0, 403);
+    }
+
+    // The host-side capture at run time: the sampler's rate, a started
+    // and stopped capture, pprof over either listener, a pprof client that
+    // leaves, and /metrics answered while a capture runs.
+    assert_eq!(capture_status(&sock)["sample_hz"], 1000);
+    let rate = |hz: u32| with_body("PATCH", "/capture", &format!(r#"{{"sample_hz": {hz}}}"#));
+    assert_eq!(unix(&sock, &rate(0)).0, 204);
+    std::thread::sleep(Duration::from_millis(50));
+    let stopped = kicks(&sock);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(kicks(&sock), stopped, "the sampler at 0 Hz kicked");
+    assert_eq!(unix(&sock, &rate(1000)).0, 204);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(kicks(&sock) > stopped, "the sampler resumed");
+    assert_eq!(unix(&sock, &with_body("PUT", "/capture/start", "")).0, 204);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(capture_status(&sock)["started"].as_u64() > Some(0));
+    let mut s = UnixStream::connect(&sock).unwrap();
+    let (status, profile) =
+        exchange_bytes(&mut s, with_body("PUT", "/capture/stop", "").as_bytes());
+    assert_eq!(status, 200);
+    let (samples, comments) = cpu_clocks(&profile);
+    assert!(samples > 0, "no CNH samples in 1.5 s: {comments:?}");
+    assert!(
+        comments.iter().any(|c| c.contains("control API")),
+        "{comments:?}"
+    );
+    let pprof = |seconds: &str| get(&format!("/debug/pprof/profile?seconds={seconds}"));
+    let over_tcp = std::thread::spawn({
+        let raw = pprof("2");
+        move || exchange_bytes(&mut TcpStream::connect(listen).unwrap(), raw.as_bytes())
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(tcp(listen, &get("/metrics")).0, 200);
+    assert!(
+        !over_tcp.is_finished(),
+        "the metrics waited for the capture to end"
+    );
+    let (status, profile) = over_tcp.join().unwrap();
+    assert_eq!(status, 200);
+    assert!(cpu_clocks(&profile).0 > 0, "no CNH samples in 2 s");
+    for bad in ["0", "301", "x"] {
+        let (status, body) = unix(&sock, &pprof(bad));
+        assert_eq!(status, 400, "{bad}: {body}");
+    }
+    let mut leaving = UnixStream::connect(&sock).unwrap();
+    leaving.write_all(pprof("60").as_bytes()).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(capture_status(&sock)["running"], 1);
+    drop(leaving);
+    let left = Instant::now();
+    while capture_status(&sock)["running"] != 0 {
+        assert!(
+            left.elapsed() < Duration::from_secs(5),
+            "a client that left still has its capture"
+        );
+        std::thread::sleep(Duration::from_millis(50));
     }
 
     // A second lwpvmm may not take the socket.

@@ -322,3 +322,145 @@ fn a_panicking_kernel_on_a_terminal() {
         "{text}"
     );
 }
+
+/// What a fleet's collector does: lwpvmm runs the Linux guest with
+/// `--api-sock` while /lwp-hot and /lwp-warm sample CNH side by side;
+/// curl fetches `/debug/pprof/profile?seconds=5`, and `go tool pprof`
+/// reads it: both programs' functions are named, each from its own ELF
+/// (the initramfs, lwpvmm's default sysroot, by the paths and build IDs
+/// the guest module reported), and warm_leaf's caller is on its stacks.
+#[test]
+fn a_collector_fetches_a_profile_of_two_processes_over_the_api() {
+    require_kvm();
+    let go = Command::new("go").arg("version").output();
+    assert!(
+        go.is_ok_and(|o| o.status.success()),
+        "this test reads the profile with `go tool pprof`: apt-get install golang-go"
+    );
+    let dir = linux();
+    let sock = dir.join(format!("api-{}.sock", std::process::id()));
+    let profile = dir.join(format!("api-{}.pb.gz", std::process::id()));
+    let _ = std::fs::remove_file(&sock);
+    let cmdline = format!("{} lwpprof=12", lwpvmm::vmm::boot::LINUX_CMDLINE);
+    let mut vm = Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
+        .args(["run", "--kernel"])
+        .arg(dir.join("vmlinux"))
+        .arg("--initramfs")
+        .arg(dir.join("initramfs.cpio"))
+        .args(["--memory", "64", "--vcpus", "2", "--cmdline", &cmdline])
+        .arg("--api-sock")
+        .arg(&sock)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run lwpvmm");
+    let stdout = vm.stdout.take().expect("stdout");
+    let (lines, seen) = std::sync::mpsc::channel::<String>();
+    let reader = std::thread::spawn(move || {
+        use std::io::BufRead;
+        let mut all = String::new();
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            all.push_str(&line);
+            all.push('\n');
+            let _ = lines.send(line);
+        }
+        all
+    });
+    let running = loop {
+        match seen.recv_timeout(std::time::Duration::from_secs(180)) {
+            Ok(l) if l.starts_with("lwp-prof: running") => break true,
+            Ok(_) => {}
+            Err(_) => break false,
+        }
+    };
+    let fetched = running.then(|| {
+        Command::new("curl")
+            .args(["-sS", "--fail", "--unix-socket"])
+            .arg(&sock)
+            .arg("-o")
+            .arg(&profile)
+            .arg("http://lwpvmm/debug/pprof/profile?seconds=5")
+            .output()
+            .expect("run curl (apt-get install curl)")
+    });
+    let status = vm.wait().expect("wait for lwpvmm");
+    let mut stderr = String::new();
+    use std::io::Read;
+    let _ = vm
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut stderr);
+    let console = Console {
+        stdout: reader.join().expect("the console reader"),
+        stderr,
+    };
+    assert!(running, "the guest never started its programs:\n{console}");
+    let fetched = fetched.expect("curl ran");
+    assert!(fetched.status.success(), "curl: {fetched:?}\n{console}");
+    assert_eq!(status.code(), Some(0), "{console}");
+    assert!(console.contains("lwp-prof: done"), "{console}");
+
+    let top = Command::new("go")
+        .args(["tool", "pprof", "-top", "-nodecount=100"])
+        .arg(&profile)
+        .output()
+        .expect("run go tool pprof");
+    let text = String::from_utf8_lossy(&top.stdout);
+    assert!(top.status.success(), "go tool pprof: {top:?}");
+    for function in ["hot_4", "warm_leaf", "warm_caller"] {
+        assert!(
+            text.lines()
+                .any(|l| l.split_whitespace().last() == Some(function)
+                    || l.split_whitespace()
+                        .last()
+                        .is_some_and(|f| f.starts_with(&format!("{function}.")))),
+            "go tool pprof -top lacks {function}:\n{text}"
+        );
+    }
+    // warm_leaf's stacks go through warm_caller: the caller has samples
+    // of its own only through its callee (flat 0, cum > 0).
+    let traces = Command::new("go")
+        .args(["tool", "pprof", "-traces"])
+        .arg(&profile)
+        .output()
+        .expect("run go tool pprof -traces");
+    let traces = String::from_utf8_lossy(&traces.stdout);
+    let called = traces.split("-----------+").any(|t| {
+        let names: Vec<&str> = t
+            .lines()
+            .filter_map(|l| l.split_whitespace().last())
+            .collect();
+        names
+            .windows(2)
+            .any(|w| w[0] == "warm_leaf" && w[1].starts_with("warm_caller"))
+    });
+    assert!(
+        called,
+        "no stack has warm_caller above warm_leaf:\n{traces}"
+    );
+
+    // Each function is a location of its own program's mapping.
+    let bytes = std::fs::read(&profile).expect("the profile");
+    let p = lwpvmm::profile::pprof::read(&bytes).expect("a gzipped pprof profile");
+    let s = |i: i64| p.string_table[i as usize].as_str();
+    for (function, file) in [("hot_4", "/lwp-hot"), ("warm_leaf", "/lwp-warm")] {
+        let f = p
+            .function
+            .iter()
+            .find(|f| s(f.name) == function)
+            .unwrap_or_else(|| panic!("no function {function}"));
+        let loc = p
+            .location
+            .iter()
+            .find(|l| l.line.iter().any(|line| line.function_id == f.id))
+            .expect("a location");
+        let m = &p.mapping[loc.mapping_id as usize - 1];
+        assert_eq!(s(m.filename), file, "{function}");
+        assert!(!s(m.build_id).is_empty(), "{function}: no build ID");
+    }
+    let _ = std::fs::remove_file(&profile);
+}

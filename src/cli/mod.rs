@@ -168,11 +168,16 @@ pub struct HostArgs {
     /// lists the endpoints.
     #[arg(long, value_name = "PATH")]
     pub api_sock: Option<PathBuf>,
-    /// Also serve the read-only `GET /metrics` (Prometheus text) over TCP
-    /// on this address, e.g. 127.0.0.1:9100. Control endpoints stay on
-    /// --api-sock.
+    /// Also serve the read-only `GET /metrics` (Prometheus text) and
+    /// `GET /debug/pprof/profile` over TCP on this address, e.g.
+    /// 127.0.0.1:9100. Control endpoints stay on --api-sock.
     #[arg(long, value_name = "ADDR")]
     pub api_listen: Option<std::net::SocketAddr>,
+    /// The guest's files, a directory or the initramfs it booted, that
+    /// name the frames of the API's profiles (with `run`, the
+    /// `--initramfs` unless given).
+    #[arg(long, value_name = "DIR|INITRAMFS")]
+    pub sysroot: Option<PathBuf>,
     /// For tests: take a snapshot whenever the guest writes to the snapshot
     /// debug port 0x5A (docs/pv-abi.md), at that exact point (needs
     /// --snapshot-dir).
@@ -229,6 +234,7 @@ impl From<&HostArgs> for HostConfig {
             api: ApiConfig {
                 sock: a.api_sock.clone(),
                 listen: a.api_listen,
+                sysroot: a.sysroot.clone(),
             },
         }
     }
@@ -422,6 +428,9 @@ pub enum CliError {
     /// `--sysroot` is neither a directory nor an initramfs.
     #[error("--sysroot {0}")]
     Sysroot(#[from] crate::profile::sysroot::SysrootError),
+    /// Options that do not go together.
+    #[error("{0}")]
+    Usage(String),
     /// The run went on, but something it was asked to do failed.
     #[error("{}", .0.join("; "))]
     Incomplete(Vec<String>),
@@ -481,6 +490,22 @@ fn read(what: &'static str, path: &PathBuf) -> Result<Vec<u8>, CliError> {
     })
 }
 
+/// The host settings of `host`; with the API on, profiles are named from
+/// `--sysroot`, else from the initramfs the guest boots.
+fn api_host(host: &HostArgs, initramfs: Option<&PathBuf>) -> Result<HostConfig, CliError> {
+    let mut config = HostConfig::from(host);
+    let api = host.api_sock.is_some() || host.api_listen.is_some();
+    if host.sysroot.is_some() && !api {
+        return Err(CliError::Usage(
+            "--sysroot names the frames of the control API's profiles: give --api-sock or --api-listen too (for a trace, pass --sysroot to `lwpvmm report`)".into(),
+        ));
+    }
+    if api && config.api.sysroot.is_none() {
+        config.api.sysroot = initramfs.cloned();
+    }
+    Ok(config)
+}
+
 /// Runs a parsed command line, writing to `out`; returns the exit status.
 pub fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
     match cli.command {
@@ -506,7 +531,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
                 program: None,
                 disks: args.disks.clone(),
                 nets: args.nets.clone(),
-                host: (&args.host).into(),
+                host: api_host(&args.host, args.initramfs.as_ref())?,
             };
             finish(vmm::run(&config)?)
         }
@@ -514,7 +539,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
             let config = RestoreConfig {
                 dir: args.dir.clone(),
                 profile: args.lwp.map(Into::into),
-                host: (&args.host).into(),
+                host: api_host(&args.host, None)?,
             };
             finish(vmm::restore(&config)?)
         }

@@ -96,7 +96,12 @@ pub fn report(out: &mut dyn Write, args: &ReportArgs) -> Result<u8, CliError> {
     if let Some(elf) = &elf {
         Symbols::from_elf(elf).map_err(ReportError::Symbols)?;
     }
-    let sysroot = args.sysroot.as_deref().map(Sysroot::open).transpose()?;
+    let sysroot = args
+        .sysroot
+        .as_deref()
+        .map(Sysroot::open)
+        .transpose()?
+        .map(std::sync::Arc::new);
     let mut resolver = Resolver::new(
         args.symbols
             .as_ref()
@@ -156,7 +161,7 @@ pub fn report(out: &mut dyn Write, args: &ReportArgs) -> Result<u8, CliError> {
             .ok()
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
             .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
-        let profile = pprof::profile(&tally, &resolver, when);
+        let profile = pprof::profile(&tally, &resolver, when, "the host-side trace");
         f.commit(|file| Ok(pprof::write(&profile, file)?))?;
     }
     Ok(0)

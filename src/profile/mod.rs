@@ -2,6 +2,7 @@
 //! units store, with the call stack of the context it was stored for, and
 //! the reports built from it.
 
+pub mod capture;
 pub mod objects;
 pub mod pprof;
 pub mod report;

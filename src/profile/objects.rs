@@ -6,6 +6,7 @@
 //! `--sysroot`.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
 
@@ -214,7 +215,7 @@ pub struct Resolver {
     pub objects: Vec<ObjectFile>,
     /// The `--symbols` object: names every address no mapping covers.
     fallback: Option<u32>,
-    sysroot: Option<Sysroot>,
+    sysroot: Option<Arc<Sysroot>>,
     /// Per address space: its mappings and their objects.
     spaces: HashMap<u64, Vec<(MappingLine, u32)>>,
     by_path: HashMap<String, u32>,
@@ -225,7 +226,7 @@ pub struct Resolver {
 impl Resolver {
     /// A resolver naming every address from `symbols` (a path and its ELF)
     /// and reading the files of reported mappings under `sysroot`.
-    pub fn new(symbols: Option<(String, &[u8])>, sysroot: Option<Sysroot>) -> Self {
+    pub fn new(symbols: Option<(String, &[u8])>, sysroot: Option<Arc<Sysroot>>) -> Self {
         let mut r = Resolver {
             sysroot,
             ..Resolver::default()
@@ -362,7 +363,7 @@ mod tests {
         let demo = crate::guests::get("demo").unwrap();
         std::fs::write(root.join("bin/demo"), demo).unwrap();
         let main = Symbols::from_elf(demo).unwrap().address_of("main").unwrap();
-        let mut r = Resolver::new(None, Some(Sysroot::Dir(root.clone())));
+        let mut r = Resolver::new(None, Some(Sysroot::Dir(root.clone()).into()));
         // The demo guest mapped 1 MiB higher than it is linked (a PIE's
         // load bias): names come from its own addresses.
         r.mapping(&mapping(0xa000, 0x20_0000, "/bin/demo", true));

@@ -217,8 +217,9 @@ impl Builder {
 }
 
 /// The profile of `tally`'s records, every EventId a sample type of its
-/// own, named by `resolver`.
-pub fn profile(tally: &Tally, resolver: &Resolver, time_nanos: i64) -> Profile {
+/// own, named by `resolver`; `source` says where the records came from
+/// (a comment of the profile).
+pub fn profile(tally: &Tally, resolver: &Resolver, time_nanos: i64, source: &str) -> Profile {
     let mut b = Builder::default();
     b.string("");
     let events: Vec<u8> = tally.events().collect();
@@ -276,7 +277,7 @@ pub fn profile(tally: &Tally, resolver: &Resolver, time_nanos: i64) -> Profile {
             }],
         });
     }
-    let comment = b.string("lwpvmm: LWP records from the host-side trace");
+    let comment = b.string(&format!("lwpvmm: LWP records from {source}"));
     b.profile.comment.push(comment);
     b.profile.time_nanos = time_nanos;
     b.profile
@@ -316,7 +317,7 @@ mod tests {
             .expect("main");
         let mut resolver = Resolver::new(
             None,
-            Some(crate::profile::sysroot::Sysroot::Dir(dir.clone())),
+            Some(crate::profile::sysroot::Sysroot::Dir(dir.clone()).into()),
         );
         // The guest's segment: 1 MiB up, from file offset 4 KiB (guest.ld).
         resolver.mapping(&MappingLine {
@@ -337,7 +338,7 @@ mod tests {
             tally.add(&r, &resolver);
         }
         let mut gz = Vec::new();
-        write(&profile(&tally, &resolver, 7), &mut gz).unwrap();
+        write(&profile(&tally, &resolver, 7, "a test"), &mut gz).unwrap();
         let p = read(&gz).unwrap();
         let s = |i: i64| p.string_table[i as usize].as_str();
         assert_eq!(p.string_table[0], "");

@@ -68,6 +68,11 @@ impl Tally {
     /// frame gets its caller from the word at the stack pointer
     /// ([`super::objects::Symbols::frameless_caller`]).
     pub fn add(&mut self, record: &TraceRecord, resolver: &Resolver) {
+        self.add_n(record, resolver, 1);
+    }
+
+    /// Counts `n` records like `record` at once (a capture's stacks).
+    pub fn add_n(&mut self, record: &TraceRecord, resolver: &Resolver, n: u64) {
         let leaf = resolver.frame(record.cr3, record.ip);
         let caller = record.top.and_then(|top| {
             let frame = resolver.frame(record.cr3, top);
@@ -86,7 +91,7 @@ impl Tally {
             .entry(record.event)
             .or_default()
             .entry((record.cr3, stack))
-            .or_default() += 1;
+            .or_default() += n;
     }
 
     /// The stacks of `event` (or of every EventId) with their counts.

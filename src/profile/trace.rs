@@ -33,7 +33,7 @@ pub struct TraceHeader {
 }
 
 /// One stored record.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TraceRecord {
     /// The vCPU whose unit stored it.
     pub vcpu: u8,

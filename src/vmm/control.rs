@@ -52,8 +52,9 @@ pub struct Control {
     pub spec: MachineSpec,
     /// When and where to take snapshots.
     pub plan: SnapshotPlan,
-    /// The sampler's period, when it runs.
-    pub sample_period: Option<Duration>,
+    /// The sampler's rate (0: stopped), when the profile has clock events
+    /// to sample; a request can change it while the VM runs.
+    pub sample_hz: Option<u32>,
     /// Requests from handles, and the descriptor that wakes the loop for
     /// them.
     pub requests: (Receiver<Request>, EventFd),
@@ -186,11 +187,26 @@ fn signal_pipe(signal: libc::c_int, what: &'static str) -> Result<UnixStream, Vm
     Ok(reader)
 }
 
-fn timer(first: Duration, period: Option<Duration>) -> Result<TimerFd, VmError> {
-    let err = |e: vmm_sys_util::errno::Error| VmError::EventLoop(format!("timerfd: {e}"));
-    let mut t = TimerFd::new().map_err(err)?;
-    t.reset(first, period).map_err(err)?;
+fn timer_error(e: vmm_sys_util::errno::Error) -> VmError {
+    VmError::EventLoop(format!("timerfd: {e}"))
+}
+
+/// A timer that fires once after `first`, or a disarmed one.
+fn timer(first: Option<Duration>) -> Result<TimerFd, VmError> {
+    let mut t = TimerFd::new().map_err(timer_error)?;
+    if let Some(first) = first {
+        t.reset(first, None).map_err(timer_error)?;
+    }
     Ok(t)
+}
+
+/// Fires the sampler `hz` times a second (0: never).
+fn arm_sampler(t: &mut TimerFd, hz: u32) -> Result<(), VmError> {
+    if hz == 0 {
+        return t.clear().map_err(timer_error);
+    }
+    let period = Duration::from_nanos(1_000_000_000 / u64::from(hz));
+    t.reset(period, Some(period)).map_err(timer_error)
 }
 
 fn stdin_is_terminal() -> bool {
@@ -213,10 +229,17 @@ impl Control {
             snapshot_point: clone(&self.shared.snapshot_point)?,
             wake: clone(&self.requests.1)?,
             timer: match (&self.plan.dir, self.plan.after) {
-                (Some(_), Some(after)) => Some(timer(after.max(Duration::from_millis(1)), None)?),
+                (Some(_), Some(after)) => Some(timer(Some(after.max(Duration::from_millis(1))))?),
                 _ => None,
             },
-            sampler: self.sample_period.map(|p| timer(p, Some(p))).transpose()?,
+            sampler: self
+                .sample_hz
+                .map(|hz| {
+                    let mut t = timer(None)?;
+                    arm_sampler(&mut t, hz)?;
+                    Ok::<_, VmError>(t)
+                })
+                .transpose()?,
             sigusr1: self
                 .metrics_file
                 .as_ref()
@@ -268,7 +291,7 @@ impl Control {
                 log::error!("{e}");
                 errors.push(e);
             }
-            if seen.requests && self.requests(&mut paused) {
+            if seen.requests && self.requests(&mut paused, &sources) {
                 break None;
             }
             manager.run().map_err(event_err)?;
@@ -277,7 +300,7 @@ impl Control {
     }
 
     /// Answers every waiting request; true when one asks to stop.
-    fn requests(&mut self, paused: &mut bool) -> bool {
+    fn requests(&mut self, paused: &mut bool, sources: &Mutex<Sources>) -> bool {
         while let Ok(request) = self.requests.0.try_recv() {
             match request {
                 Request::Pause(reply) => {
@@ -295,10 +318,30 @@ impl Control {
                 Request::Paused(reply) => {
                     let _ = reply.send(*paused);
                 }
+                Request::SampleHz(hz, reply) => {
+                    let _ = reply.send(self.set_sample_hz(hz, sources));
+                }
                 Request::Stop => return true,
             }
         }
         false
+    }
+
+    /// Sets the sampler's rate.
+    fn set_sample_hz(&mut self, hz: u32, sources: &Mutex<Sources>) -> Result<(), String> {
+        if self.sample_hz.is_none() {
+            return Err(
+                "the LWP profile has no sampled clock events (CNH, RNH): there is no sampler"
+                    .into(),
+            );
+        }
+        let mut s = sources.lock().map_err(|_| "the control loop failed")?;
+        if let Some(t) = s.sampler.as_mut() {
+            arm_sampler(t, hz).map_err(|e| e.to_string())?;
+        }
+        self.sample_hz = Some(hz);
+        self.shared.recorder.note_sample_hz(hz);
+        Ok(())
     }
 
     /// Pauses every vCPU (waits until each is at its consistent point).
@@ -480,9 +523,7 @@ impl Control {
         if let Ok(mut b) = self.shared.bus.lock() {
             b.flush();
         }
-        if let Some(t) = &self.shared.trace
-            && t.lock().map_or(true, |mut t| t.flush().is_err())
-        {
+        if self.shared.recorder.flush().is_err() {
             self.metrics[0].trace_errors.fetch_add(1, Ordering::Relaxed);
         }
         let end = match (first, signal) {

@@ -23,6 +23,7 @@ pub mod pm;
 pub mod privilege;
 pub mod pv;
 pub mod ratelimit;
+pub mod recorder;
 pub mod seccomp;
 pub mod signals;
 pub mod snapshot;

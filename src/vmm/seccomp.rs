@@ -109,6 +109,8 @@ const CONTROL: &[i64] = &[
     libc::SYS_recvfrom,
     libc::SYS_statx,
     libc::SYS_tgkill,
+    // The sampler's rate set at run time (`PATCH /capture`).
+    libc::SYS_timerfd_settime,
 ];
 
 /// What the device thread adds: its event loop, the disk images (positioned
@@ -129,6 +131,14 @@ const DEVICE: &[i64] = &[
 const API: &[i64] = &[
     libc::SYS_accept4,
     libc::SYS_clock_nanosleep,
+    // Reading a directory sysroot's ELF files for a profile's names: the
+    // files are opened read-only (`API_OPEN_FLAGS`), sized and read.
+    libc::SYS_fstat,
+    libc::SYS_lseek,
+    libc::SYS_newfstatat,
+    libc::SYS_statx,
+    // The hash maps of a capture seed themselves from it.
+    libc::SYS_getrandom,
     libc::SYS_getsockopt,
     libc::SYS_nanosleep,
     libc::SYS_poll,
@@ -138,6 +148,10 @@ const API: &[i64] = &[
     libc::SYS_setsockopt,
     libc::SYS_shutdown,
 ];
+
+/// The only flags the API thread opens files with: what `std::fs::read`
+/// passes (read-only, close-on-exec), so it can create or write nothing.
+const API_OPEN_FLAGS: u64 = libc::O_RDONLY as u64 | libc::O_CLOEXEC as u64;
 
 const KVMIO: u32 = 0xae;
 
@@ -237,6 +251,15 @@ fn build(kind: ThreadKind, mode: SeccompMode) -> Result<BpfProgram, SeccompError
             SeccompRule::new(vec![condition]).map_err(err)
         })
         .collect::<Result<Vec<_>, _>>()?;
+    if kind == ThreadKind::Api {
+        let read_only =
+            SeccompCondition::new(2, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, API_OPEN_FLAGS)
+                .map_err(err)?;
+        rules.insert(
+            libc::SYS_openat,
+            vec![SeccompRule::new(vec![read_only]).map_err(err)?],
+        );
+    }
     // An empty rule list would allow every ioctl: a thread that makes none
     // gets no ioctl entry at all.
     if !requests.is_empty() {

@@ -25,6 +25,7 @@ use super::error::VmError;
 use super::machine::{Machine, MachineSpec};
 use super::metrics::{VcpuMetrics, VmCounters};
 use super::output::RunOutputs;
+use super::recorder::Recorder;
 use super::signals::StopSignals;
 use super::vcpu::{Shared, Vcpu, VcpuEvent, VcpuHandle, kick_handler};
 use super::virtio::VirtioBus;
@@ -109,6 +110,8 @@ pub enum Request {
     Metrics(Sender<VmCounters>),
     /// Whether the VM is paused.
     Paused(Sender<bool>),
+    /// Set the sampler's rate.
+    SampleHz(u32, Sender<Result<(), String>>),
     /// Stop the VM.
     Stop,
 }
@@ -118,6 +121,7 @@ pub enum Request {
 pub struct VmmHandle {
     requests: Sender<Request>,
     wake: Arc<EventFd>,
+    recorder: Arc<Recorder>,
 }
 
 impl VmmHandle {
@@ -146,6 +150,17 @@ impl VmmHandle {
             .map_err(VmError::EventLoop)
     }
 
+    /// Sets the sampler's rate (0: stopped) while the VM runs.
+    pub fn set_sample_hz(&self, hz: u32) -> Result<(), VmError> {
+        self.ask(|r| Request::SampleHz(hz, r))?
+            .map_err(VmError::EventLoop)
+    }
+
+    /// What the host side records: the trace and the API's captures.
+    pub fn recorder(&self) -> &Recorder {
+        &self.recorder
+    }
+
     /// The VM's counters now.
     pub fn metrics(&self) -> Result<VmCounters, VmError> {
         self.ask(Request::Metrics)
@@ -157,7 +172,15 @@ impl VmmHandle {
     pub(crate) fn for_test() -> (VmmHandle, Receiver<Request>) {
         let (requests, received) = channel();
         let wake = Arc::new(EventFd::new(EFD_NONBLOCK).expect("an eventfd"));
-        (VmmHandle { requests, wake }, received)
+        let recorder = Arc::new(Recorder::new(None, true, 1000));
+        (
+            VmmHandle {
+                requests,
+                wake,
+                recorder,
+            },
+            received,
+        )
     }
 
     /// Whether the VM is paused now.
@@ -206,7 +229,12 @@ impl Vmm {
         if host.snapshots.on_port {
             bus.claim_snapshot_port();
         }
-        if outputs.trace.is_some() {
+        let recorder = Arc::new(Recorder::new(
+            outputs.trace,
+            host.api.sock.is_some() || host.api.listen.is_some(),
+            host.profiling.sample_hz,
+        ));
+        if recorder.keeps_records() {
             let stacks = host.profiling.stacks;
             vcpus.iter_mut().for_each(|v| v.trace_records(stacks));
         }
@@ -223,7 +251,7 @@ impl Vmm {
             stop: Default::default(),
             xsave_size,
             msr_indices,
-            trace: outputs.trace.map(Mutex::new),
+            recorder: Arc::clone(&recorder),
             exit: eventfd()?,
             snapshot_point: eventfd()?,
         });
@@ -240,6 +268,7 @@ impl Vmm {
             handle: VmmHandle {
                 requests: sender,
                 wake: Arc::new(eventfd()?),
+                recorder,
             },
             api,
         })
@@ -272,9 +301,10 @@ impl Vmm {
             .profile
             .caps()
             .is_some_and(|c| c.supported.intersects(LwpFeatures::CNH | LwpFeatures::RNH));
-        let hz = self.host.profiling.sample_hz;
-        let sample_period =
-            (sampled && hz > 0).then(|| Duration::from_nanos(1_000_000_000 / u64::from(hz)));
+        let sample_hz = sampled.then_some(self.host.profiling.sample_hz);
+        if !sampled {
+            self.shared.recorder.note_sample_hz(0);
+        }
         let metrics: Vec<Arc<VcpuMetrics>> = self.vcpus.iter().map(Vcpu::metrics).collect();
         let seccomp = self.host.seccomp;
         // Devices first: a vCPU may notify a queue at its first instruction.
@@ -322,7 +352,7 @@ impl Vmm {
             metrics_file: self.outputs_metrics,
             spec: self.spec,
             plan: self.host.snapshots.clone(),
-            sample_period,
+            sample_hz,
             requests: (self.requests, wake),
             stop_signals,
         };

@@ -335,6 +335,31 @@ static int load_module(void)
 	return ret == 0;
 }
 
+/* The control API's profile test: /lwp-hot and /lwp-warm, two processes
+ * sampling CNH side by side for `seconds`, then power-off. */
+static void profile_programs(const char *seconds, char **envp)
+{
+	static const char *const names[] = { "/lwp-hot", "/lwp-warm" };
+	pid_t pids[2];
+	int i, status, ok = 1;
+
+	printf("lwp-prof: running /lwp-hot and /lwp-warm for %s s\n", seconds);
+	for (i = 0; i < 2; i++) {
+		char *args[] = { (char *)names[i], (char *)seconds, 0 };
+
+		pids[i] = fork();
+		if (pids[i] == 0) {
+			execve(names[i], args, envp);
+			printf("cannot run %s\n", names[i]);
+			exit(127);
+		}
+	}
+	for (i = 0; i < 2; i++)
+		ok &= pids[i] > 0 && waitpid(pids[i], &status, 0) == pids[i] && status == 0;
+	printf("lwp-prof: %s\n", ok ? "done" : "FAILED");
+	power_off();
+}
+
 /* Runs /NAME with `value` as its argument, then powers off. */
 static void device_program(const char *name, const char *value, char **envp)
 {
@@ -370,6 +395,8 @@ int main(int argc, char **argv, char **envp)
 		run_program(rate[0], rate, envp);
 		power_off();
 	}
+	if (env_value(envp, "lwpprof"))
+		profile_programs(env_value(envp, "lwpprof"), envp);
 	if (env_value(envp, "lwpdisk"))
 		device_program("/lwp-disk", env_value(envp, "lwpdisk"), envp);
 	if (env_value(envp, "lwpnet"))

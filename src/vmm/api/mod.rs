@@ -11,24 +11,28 @@ pub mod http;
 pub mod routes;
 
 use std::io;
+use std::io::Read;
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::thread::{self, JoinHandle};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
 use thiserror::Error;
 
 use self::http::{Response, read_request};
-use self::routes::{Origin, route};
+use self::routes::{Answer, Context, Origin, finish_profile, route};
 use super::seccomp::{self, SeccompMode, ThreadKind};
 use super::vmm::VmmHandle;
 use crate::guest_warn;
+use crate::profile::sysroot::{Sysroot, SysrootError};
+use crate::vmm::recorder::CaptureId;
+use std::sync::Arc;
 
 /// How long a client may take to send its request, or to take the answer.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -61,6 +65,9 @@ pub enum ApiError {
         /// Why.
         source: io::Error,
     },
+    /// The sysroot could not be opened.
+    #[error("--sysroot: {0}")]
+    Sysroot(#[from] SysrootError),
     /// The thread could not start.
     #[error("cannot start the API thread: {0}")]
     Thread(io::Error),
@@ -73,6 +80,9 @@ pub struct ApiConfig {
     pub sock: Option<PathBuf>,
     /// The TCP address of the read-only endpoints.
     pub listen: Option<SocketAddr>,
+    /// The guest's files (a directory, or the initramfs it booted), which
+    /// name the frames of the profiles the API returns.
+    pub sysroot: Option<PathBuf>,
 }
 
 /// The socket file, removed when the API goes.
@@ -92,6 +102,7 @@ pub struct ApiListeners {
     unix: Option<(UnixListener, u32)>,
     tcp: Option<TcpListener>,
     file: Option<SocketFile>,
+    sysroot: Option<Arc<Sysroot>>,
 }
 
 impl ApiListeners {
@@ -108,7 +119,20 @@ impl ApiListeners {
             .listen
             .map(|addr| TcpListener::bind(addr).map_err(|source| ApiError::Listen { addr, source }))
             .transpose()?;
-        Ok(Some(ApiListeners { unix, tcp, file }))
+        // Opened before the VM runs: a wrong path fails the command at once,
+        // and an initramfs is read once, not at every profile.
+        let sysroot = config
+            .sysroot
+            .as_deref()
+            .map(Sysroot::open)
+            .transpose()?
+            .map(Arc::new);
+        Ok(Some(ApiListeners {
+            unix,
+            tcp,
+            file,
+            sysroot,
+        }))
     }
 
     /// Serves on a thread of its own until [`ApiThread::finish`].
@@ -135,7 +159,27 @@ impl ApiListeners {
     }
 
     fn serve(&self, vm: &VmmHandle, stopped: &UnixStream) {
+        let mut cx = Context {
+            vm,
+            sysroot: self.sysroot.clone(),
+            started: None,
+        };
+        let mut waiting: Vec<Waiting> = Vec::new();
         loop {
+            let now = Instant::now();
+            let (due, later): (Vec<Waiting>, Vec<Waiting>) =
+                waiting.into_iter().partition(|w| w.due <= now);
+            waiting = later;
+            due.into_iter().for_each(|w| w.answer(&cx));
+            let timeout = waiting
+                .iter()
+                .map(|w| w.due.saturating_duration_since(now))
+                .min()
+                .map_or(PollTimeout::NONE, |d| {
+                    // Rounded up: a timeout cut short would spin until due.
+                    let ms = d.as_millis().saturating_add(1);
+                    PollTimeout::try_from(ms.min(60_000) as u32).unwrap_or(PollTimeout::MAX)
+                });
             let mut fds = vec![PollFd::new(stopped.as_fd(), PollFlags::POLLIN)];
             if let Some((l, _)) = &self.unix {
                 fds.push(PollFd::new(l.as_fd(), PollFlags::POLLIN));
@@ -143,7 +187,11 @@ impl ApiListeners {
             if let Some(l) = &self.tcp {
                 fds.push(PollFd::new(l.as_fd(), PollFlags::POLLIN));
             }
-            match poll(&mut fds, PollTimeout::NONE) {
+            let listeners = fds.len();
+            for w in &waiting {
+                fds.push(PollFd::new(w.stream.as_fd(), PollFlags::POLLIN));
+            }
+            match poll(&mut fds, timeout) {
                 Ok(_) | Err(nix::errno::Errno::EINTR) => {}
                 Err(e) => {
                     log::error!("the API stops: poll failed: {e}");
@@ -154,34 +202,51 @@ impl ApiListeners {
                 .iter()
                 .map(|f| f.revents().is_some_and(|r| !r.is_empty()))
                 .collect();
+            drop(fds);
             if ready[0] {
+                // The VM ended: what was captured is the whole profile.
+                waiting.into_iter().for_each(|w| w.answer(&cx));
                 return;
             }
-            let mut next = ready[1..].iter();
+            // A waiting client that hung up takes its capture with it.
+            let mut keep = ready[listeners..].iter();
+            waiting.retain_mut(|w| keep.next() != Some(&true) || w.still_there(vm));
+            let mut next = ready[1..listeners].iter();
             if let Some((listener, owner)) = &self.unix
                 && next.next() == Some(&true)
+                && let Some(w) = self.accept_unix(listener, *owner, &mut cx)
             {
-                self.accept_unix(listener, *owner, vm);
+                waiting.push(w);
             }
             if let Some(listener) = &self.tcp
                 && next.next() == Some(&true)
             {
                 match listener.accept() {
-                    Ok((stream, _)) => answer(stream, Origin::Tcp, vm),
+                    Ok((stream, _)) => {
+                        waiting.extend(answer(Stream::Tcp(stream), Origin::Tcp, &mut cx));
+                    }
                     Err(e) => accept_failed(&e),
                 }
             }
         }
     }
 
-    fn accept_unix(&self, listener: &UnixListener, owner: u32, vm: &VmmHandle) {
+    fn accept_unix(
+        &self,
+        listener: &UnixListener,
+        owner: u32,
+        cx: &mut Context<'_>,
+    ) -> Option<Waiting> {
         let stream = match listener.accept() {
             Ok((stream, _)) => stream,
-            Err(e) => return accept_failed(&e),
+            Err(e) => {
+                accept_failed(&e);
+                return None;
+            }
         };
         match getsockopt(&stream, PeerCredentials) {
             Ok(peer) if peer.uid() == owner || peer.uid() == 0 => {
-                answer(stream, Origin::Unix, vm);
+                answer(Stream::Unix(stream), Origin::Unix, cx)
             }
             Ok(peer) => {
                 guest_warn!(
@@ -191,9 +256,50 @@ impl ApiListeners {
                 );
                 let mut stream = stream;
                 let _ = Response::fault(403, "the API serves only its owner").write(&mut stream);
+                None
             }
-            Err(e) => accept_failed(&io::Error::from(e)),
+            Err(e) => {
+                accept_failed(&io::Error::from(e));
+                None
+            }
         }
+    }
+}
+
+/// A client waiting for the profile of a capture.
+struct Waiting {
+    stream: Stream,
+    id: CaptureId,
+    due: Instant,
+}
+
+impl Waiting {
+    fn answer(mut self, cx: &Context<'_>) {
+        let response = finish_profile(self.id, cx);
+        if self.stream.set_timeouts(CLIENT_TIMEOUT).is_ok()
+            && response.write(&mut self.stream).is_ok()
+        {
+            linger(&mut self.stream);
+        }
+    }
+
+    /// Reads what made its stream readable: false when the client went
+    /// away (its capture is then dropped); bytes it sends after its
+    /// request are ignored.
+    fn still_there(&mut self, vm: &VmmHandle) -> bool {
+        let mut sink = [0u8; 512];
+        let gone = match self.stream.read(&mut sink) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => !matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+            ),
+        };
+        if gone {
+            vm.recorder().finish_capture(self.id);
+        }
+        !gone
     }
 }
 
@@ -220,31 +326,32 @@ fn accept_failed(e: &io::Error) {
     thread::sleep(Duration::from_millis(10));
 }
 
-/// Reads one request from `stream` and answers it.
-fn answer<S: io::Read + io::Write + Client>(mut stream: S, origin: Origin, vm: &VmmHandle) {
-    if stream.set_timeouts(CLIENT_TIMEOUT).is_err() {
-        return;
-    }
+/// Reads one request from `stream` and answers it, or hands it back to
+/// wait for a capture's end.
+fn answer(mut stream: Stream, origin: Origin, cx: &mut Context<'_>) -> Option<Waiting> {
+    stream.set_timeouts(CLIENT_TIMEOUT).ok()?;
     let response = match read_request(&mut stream) {
-        Ok(request) => route(&request, origin, vm),
-        Err(e) => match e.status() {
-            Some(status) => {
-                guest_warn!(REFUSED, "API: refused a request: {e}");
-                Response::fault(status, &e.to_string())
-            }
-            None => return,
+        Ok(request) => match route(&request, origin, cx) {
+            Answer::Now(r) => r,
+            Answer::Profile { id, due } => return Some(Waiting { stream, id, due }),
         },
+        Err(e) => {
+            let status = e.status()?;
+            guest_warn!(REFUSED, "API: refused a request: {e}");
+            Response::fault(status, &e.to_string())
+        }
     };
     // A client that went away gets nothing; the VM does not notice.
     if response.write(&mut stream).is_ok() {
         linger(&mut stream);
     }
+    None
 }
 
 /// Closes our side, then reads what the client still sends (a refused
 /// request's rest), within bounds: closing with unread input would reset
 /// the connection, and the client could lose the answer.
-fn linger<S: io::Read + Client>(stream: &mut S) {
+fn linger(stream: &mut Stream) {
     if stream.set_timeouts(LINGER).is_err() || stream.finish_writing().is_err() {
         return;
     }
@@ -262,31 +369,61 @@ fn linger<S: io::Read + Client>(stream: &mut S) {
 const LINGER: Duration = Duration::from_millis(500);
 const LINGER_BYTES: usize = 1 << 20;
 
-/// What the API needs of both kinds of stream.
-trait Client {
-    fn set_timeouts(&self, t: Duration) -> io::Result<()>;
-    fn finish_writing(&self) -> io::Result<()>;
+/// A client's connection, on either listener.
+enum Stream {
+    Unix(UnixStream),
+    Tcp(TcpStream),
 }
 
-impl Client for UnixStream {
+impl Stream {
     fn set_timeouts(&self, t: Duration) -> io::Result<()> {
-        self.set_read_timeout(Some(t))?;
-        self.set_write_timeout(Some(t))
+        match self {
+            Stream::Unix(s) => s
+                .set_read_timeout(Some(t))
+                .and_then(|()| s.set_write_timeout(Some(t))),
+            Stream::Tcp(s) => s
+                .set_read_timeout(Some(t))
+                .and_then(|()| s.set_write_timeout(Some(t))),
+        }
     }
 
     fn finish_writing(&self) -> io::Result<()> {
-        self.shutdown(std::net::Shutdown::Write)
+        match self {
+            Stream::Unix(s) => s.shutdown(std::net::Shutdown::Write),
+            Stream::Tcp(s) => s.shutdown(std::net::Shutdown::Write),
+        }
+    }
+
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Stream::Unix(s) => s.as_fd(),
+            Stream::Tcp(s) => s.as_fd(),
+        }
     }
 }
 
-impl Client for TcpStream {
-    fn set_timeouts(&self, t: Duration) -> io::Result<()> {
-        self.set_read_timeout(Some(t))?;
-        self.set_write_timeout(Some(t))
+impl io::Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.read(buf),
+            Stream::Tcp(s) => s.read(buf),
+        }
+    }
+}
+
+impl io::Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.write(buf),
+            Stream::Tcp(s) => s.write(buf),
+        }
     }
 
-    fn finish_writing(&self) -> io::Result<()> {
-        self.shutdown(std::net::Shutdown::Write)
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.flush(),
+            Stream::Tcp(s) => s.flush(),
+        }
     }
 }
 

@@ -1,16 +1,61 @@
 //! What each endpoint of the control API does, on a [`VmmHandle`]. Named
 //! after Firecracker's API (`PATCH /vm`, `PUT /snapshot/create`,
-//! `PUT /actions`). Control endpoints answer only on the Unix socket; the
-//! TCP listener serves the read-only `GET /metrics` alone. docs/profiling.md
-//! lists them with curl examples.
+//! `PUT /actions`), and for profiles after Go's `net/http/pprof`
+//! (`GET /debug/pprof/profile?seconds=N`). Control endpoints answer only
+//! on the Unix socket; the TCP listener serves the read-only `GET /metrics`
+//! and `GET /debug/pprof/profile` alone. docs/profiling.md lists them with
+//! curl examples.
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
 use super::http::{Request, Response};
+use crate::profile::capture::Capture;
+use crate::profile::objects::Resolver;
+use crate::profile::pprof;
+use crate::profile::sysroot::Sysroot;
 use crate::vmm::error::VmError;
+use crate::vmm::recorder::{CaptureError, CaptureId, EVENT_IDS};
 use crate::vmm::vmm::VmmHandle;
+
+/// A pprof request's capture length unless it names one (Go's default).
+pub const DEFAULT_PROFILE_SECONDS: u64 = 30;
+/// The longest capture a pprof request may ask for.
+pub const MAX_PROFILE_SECONDS: u64 = 300;
+
+/// What the routes work on: the VM, the guest's files that name the
+/// profiles' frames, and the capture `PUT /capture/start` began.
+pub struct Context<'a> {
+    /// The VM.
+    pub vm: &'a VmmHandle,
+    /// `--sysroot`, when given.
+    pub sysroot: Option<Arc<Sysroot>>,
+    /// The started capture, until `PUT /capture/stop`.
+    pub started: Option<CaptureId>,
+}
+
+/// What a request gets.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// This response, now.
+    Now(Response),
+    /// The profile of capture `id`, once `due` comes (or the VM ends).
+    Profile {
+        /// The capture.
+        id: CaptureId,
+        /// When it ends.
+        due: Instant,
+    },
+}
+
+impl From<Response> for Answer {
+    fn from(r: Response) -> Self {
+        Answer::Now(r)
+    }
+}
 
 /// Where a request came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,7 +71,7 @@ struct Endpoint {
     path: &'static str,
     method: &'static str,
     read_only: bool,
-    answer: fn(&Request, &VmmHandle) -> Response,
+    answer: fn(&Request, &mut Context<'_>) -> Answer,
 }
 
 const ENDPOINTS: &[Endpoint] = &[
@@ -34,42 +79,72 @@ const ENDPOINTS: &[Endpoint] = &[
         path: "/",
         method: "GET",
         read_only: false,
-        answer: info,
+        answer: |r, cx| info(r, cx).into(),
     },
     Endpoint {
         path: "/vm",
         method: "PATCH",
         read_only: false,
-        answer: vm_state,
+        answer: |r, cx| vm_state(r, cx).into(),
     },
     Endpoint {
         path: "/snapshot/create",
         method: "PUT",
         read_only: false,
-        answer: snapshot,
+        answer: |r, cx| snapshot(r, cx).into(),
     },
     Endpoint {
         path: "/vm/metrics",
         method: "GET",
         read_only: false,
-        answer: metrics_json,
+        answer: |r, cx| metrics_json(r, cx).into(),
     },
     Endpoint {
         path: "/actions",
         method: "PUT",
         read_only: false,
-        answer: action,
+        answer: |r, cx| action(r, cx).into(),
+    },
+    Endpoint {
+        path: "/capture",
+        method: "GET",
+        read_only: false,
+        answer: |r, cx| capture_status(r, cx).into(),
+    },
+    Endpoint {
+        path: "/capture",
+        method: "PATCH",
+        read_only: false,
+        answer: |r, cx| capture_config(r, cx).into(),
+    },
+    Endpoint {
+        path: "/capture/start",
+        method: "PUT",
+        read_only: false,
+        answer: |r, cx| capture_start(r, cx).into(),
+    },
+    Endpoint {
+        path: "/capture/stop",
+        method: "PUT",
+        read_only: false,
+        answer: |r, cx| capture_stop(r, cx).into(),
     },
     Endpoint {
         path: "/metrics",
         method: "GET",
         read_only: true,
-        answer: metrics_prometheus,
+        answer: |r, cx| metrics_prometheus(r, cx).into(),
+    },
+    Endpoint {
+        path: "/debug/pprof/profile",
+        method: "GET",
+        read_only: true,
+        answer: pprof_profile,
     },
 ];
 
 /// The answer to `request` from `origin`.
-pub fn route(request: &Request, origin: Origin, vm: &VmmHandle) -> Response {
+pub fn route(request: &Request, origin: Origin, cx: &mut Context<'_>) -> Answer {
     let at_path: Vec<&Endpoint> = ENDPOINTS
         .iter()
         .filter(|e| e.path == request.path)
@@ -80,35 +155,40 @@ pub fn route(request: &Request, origin: Origin, vm: &VmmHandle) -> Response {
             .filter(|e| origin == Origin::Unix || e.read_only)
             .map(|e| e.path)
             .collect();
+        let mut unique = paths;
+        unique.dedup();
         return Response::fault(
             404,
             &format!(
                 "no endpoint {}; there are: {}",
                 printable(&request.path),
-                paths.join(", ")
+                unique.join(", ")
             ),
-        );
+        )
+        .into();
     };
     if origin == Origin::Tcp && !first.read_only {
         return Response::fault(
             403,
-            "control endpoints are served only on the Unix socket (--api-sock); TCP serves GET /metrics",
-        );
+            "control endpoints are served only on the Unix socket (--api-sock); TCP serves GET /metrics and GET /debug/pprof/profile",
+        )
+        .into();
     }
     match at_path.iter().find(|e| e.method == request.method) {
-        Some(endpoint) => (endpoint.answer)(request, vm),
+        Some(endpoint) => (endpoint.answer)(request, cx),
         None => {
+            let methods: Vec<&str> = at_path.iter().map(|e| e.method).collect();
             let mut r = Response::fault(
                 405,
                 &format!(
                     "{} takes {}, not {}",
                     first.path,
-                    first.method,
+                    methods.join(" or "),
                     printable(&request.method)
                 ),
             );
             r.allow = Some(first.method);
-            r
+            r.into()
         }
     }
 }
@@ -145,7 +225,8 @@ struct Info {
     vmm_version: &'static str,
 }
 
-fn info(_: &Request, vm: &VmmHandle) -> Response {
+fn info(_: &Request, cx: &mut Context<'_>) -> Response {
+    let vm = cx.vm;
     match vm.is_paused() {
         Ok(paused) => Response::json(
             200,
@@ -170,7 +251,8 @@ struct VmState {
     state: VmStateName,
 }
 
-fn vm_state(request: &Request, vm: &VmmHandle) -> Response {
+fn vm_state(request: &Request, cx: &mut Context<'_>) -> Response {
+    let vm = cx.vm;
     let state: VmState = match body(request, r#"{"state": "Paused"} or {"state": "Resumed"}"#) {
         Ok(s) => s,
         Err(r) => return r,
@@ -197,7 +279,8 @@ struct SnapshotWritten {
     total_ms: f64,
 }
 
-fn snapshot(request: &Request, vm: &VmmHandle) -> Response {
+fn snapshot(request: &Request, cx: &mut Context<'_>) -> Response {
+    let vm = cx.vm;
     let create: SnapshotCreate = match body(request, r#"{"snapshot_path": "/var/lib/lwpvmm/snap"}"#)
     {
         Ok(c) => c,
@@ -219,12 +302,14 @@ fn snapshot(request: &Request, vm: &VmmHandle) -> Response {
     }
 }
 
-fn metrics_json(_: &Request, vm: &VmmHandle) -> Response {
+fn metrics_json(_: &Request, cx: &mut Context<'_>) -> Response {
+    let vm = cx.vm;
     vm.metrics()
         .map_or_else(vm_error, |m| Response::json(200, &m))
 }
 
-fn metrics_prometheus(_: &Request, vm: &VmmHandle) -> Response {
+fn metrics_prometheus(_: &Request, cx: &mut Context<'_>) -> Response {
+    let vm = cx.vm;
     vm.metrics().map_or_else(vm_error, |m| {
         Response::ok("text/plain; version=0.0.4", m.prometheus().into_bytes())
     })
@@ -241,7 +326,8 @@ struct Action {
     action_type: ActionType,
 }
 
-fn action(request: &Request, vm: &VmmHandle) -> Response {
+fn action(request: &Request, cx: &mut Context<'_>) -> Response {
+    let vm = cx.vm;
     match body::<Action>(request, r#"{"action_type": "Stop"}"#) {
         Ok(Action {
             action_type: ActionType::Stop,
@@ -250,6 +336,183 @@ fn action(request: &Request, vm: &VmmHandle) -> Response {
             Response::no_content()
         }
         Err(r) => r,
+    }
+}
+
+/// What `GET /capture` says.
+#[derive(Serialize)]
+struct CaptureStatus {
+    /// The sampler's rate (0: stopped).
+    sample_hz: u32,
+    /// The EventIds recorded into the trace and the captures.
+    events: Vec<u8>,
+    /// Whether the trace is written (`null`: no `--trace`).
+    trace: Option<bool>,
+    /// Whether `PUT /capture/start` began a capture, and its records.
+    started: Option<u64>,
+    /// Captures running (pprof requests included).
+    running: usize,
+}
+
+fn capture_status(_: &Request, cx: &mut Context<'_>) -> Response {
+    let r = cx.vm.recorder();
+    Response::json(
+        200,
+        &CaptureStatus {
+            sample_hz: r.sample_hz(),
+            events: r.events(),
+            trace: r.trace_on(),
+            started: cx.started.and_then(|id| r.capture_records(id)),
+            running: r.running(),
+        },
+    )
+}
+
+/// `PATCH /capture`: what the host side records from now on. The guest's
+/// LWP state is not touched: the sampler's rate is how often lwpvmm looks,
+/// the EventIds what it keeps of what the guest's LWPCB asked for.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CaptureConfig {
+    sample_hz: Option<u32>,
+    events: Option<Vec<u8>>,
+    trace: Option<bool>,
+}
+
+/// The sampler's highest rate through the API (as `--sample-hz` allows).
+pub const MAX_SAMPLE_HZ: u32 = 100_000;
+
+fn capture_config(request: &Request, cx: &mut Context<'_>) -> Response {
+    let config: CaptureConfig = match body(
+        request,
+        r#"{"sample_hz": 1000, "events": [5, 255], "trace": true}"#,
+    ) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    let r = cx.vm.recorder();
+    if config.sample_hz.is_some_and(|hz| hz > MAX_SAMPLE_HZ) {
+        return Response::fault(400, &format!("sample_hz is at most {MAX_SAMPLE_HZ}"));
+    }
+    // Everything is checked before anything changes.
+    if let Some(events) = &config.events
+        && let Some(bad) = events.iter().find(|e| !EVENT_IDS.contains(e))
+    {
+        return Response::fault(
+            400,
+            &format!(
+                "{bad} is not an LWP EventId: events takes 1 (LWPVAL), 2 (IRE), 3 (BRE), 4 (DME), 5 (CNH), 6 (RNH) and 255 (LWPINS)"
+            ),
+        );
+    }
+    if config.trace == Some(true) && r.trace_on().is_none() {
+        return Response::fault(
+            400,
+            "this VM writes no trace (start it with --trace PATH to have one)",
+        );
+    }
+    if let Some(hz) = config.sample_hz
+        && let Err(e) = cx.vm.set_sample_hz(hz)
+    {
+        return match e {
+            VmError::EventLoop(why) => Response::fault(400, &why),
+            e => vm_error(e),
+        };
+    }
+    if let Some(events) = &config.events {
+        r.set_events(events);
+    }
+    if let Some(on) = config.trace {
+        r.set_trace(on);
+    }
+    Response::no_content()
+}
+
+fn capture_refused(e: CaptureError) -> Response {
+    Response::fault(409, &e.to_string())
+}
+
+fn capture_start(_: &Request, cx: &mut Context<'_>) -> Response {
+    if cx.started.is_some() {
+        return Response::fault(
+            409,
+            "a capture is running already: PUT /capture/stop ends it and returns its profile",
+        );
+    }
+    match cx.vm.recorder().start_capture() {
+        Ok(id) => {
+            cx.started = Some(id);
+            Response::no_content()
+        }
+        Err(e) => capture_refused(e),
+    }
+}
+
+fn capture_stop(_: &Request, cx: &mut Context<'_>) -> Response {
+    let capture = cx
+        .started
+        .take()
+        .and_then(|id| cx.vm.recorder().finish_capture(id));
+    match capture {
+        Some(c) => profile_response(c, cx.sysroot.clone()),
+        None => Response::fault(409, "no capture is running: PUT /capture/start begins one"),
+    }
+}
+
+/// The seconds a pprof request asks for, from its query.
+fn profile_seconds(query: Option<&str>) -> Result<u64, String> {
+    let mut seconds = DEFAULT_PROFILE_SECONDS;
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if key == "seconds" {
+            seconds = value
+                .parse()
+                .ok()
+                .filter(|s| (1..=MAX_PROFILE_SECONDS).contains(s))
+                .ok_or_else(|| {
+                    format!(
+                        "seconds={} is not a whole number from 1 to {MAX_PROFILE_SECONDS}",
+                        printable(value)
+                    )
+                })?;
+        }
+    }
+    Ok(seconds)
+}
+
+fn pprof_profile(request: &Request, cx: &mut Context<'_>) -> Answer {
+    let seconds = match profile_seconds(request.query.as_deref()) {
+        Ok(s) => s,
+        Err(why) => return Response::fault(400, &why).into(),
+    };
+    match cx.vm.recorder().start_capture() {
+        Ok(id) => Answer::Profile {
+            id,
+            due: Instant::now() + Duration::from_secs(seconds),
+        },
+        Err(e) => capture_refused(e).into(),
+    }
+}
+
+/// The answer to a pprof request whose capture `id` is due (or whose VM
+/// ended).
+pub fn finish_profile(id: CaptureId, cx: &Context<'_>) -> Response {
+    match cx.vm.recorder().finish_capture(id) {
+        Some(c) => profile_response(c, cx.sysroot.clone()),
+        None => Response::fault(500, "the capture was lost"),
+    }
+}
+
+/// A capture as a gzipped pprof profile, its frames named from `sysroot`.
+fn profile_response(capture: Capture, sysroot: Option<Arc<Sysroot>>) -> Response {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
+    let profile = capture.profile(Resolver::new(None, sysroot), now);
+    let mut body = Vec::new();
+    match pprof::write(&profile, &mut body) {
+        Ok(()) => Response::ok("application/octet-stream", body),
+        Err(e) => Response::fault(500, &format!("cannot encode the profile: {e}")),
     }
 }
 
@@ -290,6 +553,13 @@ mod tests {
                     }
                     VmRequest::Paused(r) => {
                         let _ = r.send(true);
+                    }
+                    VmRequest::SampleHz(hz, r) => {
+                        let _ = r.send(if hz == 7 {
+                            Err("no sampler".into())
+                        } else {
+                            Ok(())
+                        });
                     }
                     VmRequest::Stop => {}
                 }
@@ -391,9 +661,106 @@ mod tests {
                 403,
                 "only on the Unix socket",
             ),
-            (Tcp, "GET", "/nowhere", "", 404, "there are: /metrics"),
+            (
+                Tcp,
+                "GET",
+                "/nowhere",
+                "",
+                404,
+                "there are: /metrics, /debug/pprof/profile",
+            ),
+            (Unix, "GET", "/capture", "", 200, "\"sample_hz\": 1000"),
+            (
+                Unix,
+                "PATCH",
+                "/capture",
+                r#"{"sample_hz":500,"events":[5]}"#,
+                204,
+                "",
+            ),
+            (
+                Unix,
+                "GET",
+                "/capture",
+                "",
+                200,
+                "\"events\": [\n    5\n  ]",
+            ),
+            (
+                Unix,
+                "PATCH",
+                "/capture",
+                r#"{"sample_hz":7}"#,
+                400,
+                "no sampler",
+            ),
+            (
+                Unix,
+                "PATCH",
+                "/capture",
+                r#"{"sample_hz":1000000}"#,
+                400,
+                "at most 100000",
+            ),
+            (
+                Unix,
+                "PATCH",
+                "/capture",
+                r#"{"events":[256]}"#,
+                400,
+                "send e.g.",
+            ),
+            (
+                Unix,
+                "PATCH",
+                "/capture",
+                r#"{"trace":true}"#,
+                400,
+                "--trace PATH",
+            ),
+            (
+                Unix,
+                "PATCH",
+                "/capture",
+                r#"{"rate":1}"#,
+                400,
+                "unknown field",
+            ),
+            (
+                Unix,
+                "PATCH",
+                "/capture",
+                r#"{"events":[7]}"#,
+                400,
+                "7 is not an LWP EventId",
+            ),
+            (
+                Unix,
+                "PUT",
+                "/capture/stop",
+                "",
+                409,
+                "no capture is running",
+            ),
+            (Unix, "PUT", "/capture/start", "", 204, ""),
+            (Unix, "PUT", "/capture/start", "", 409, "running already"),
+            (Unix, "PUT", "/capture/stop", "", 200, ""),
+            (Unix, "DELETE", "/capture", "", 405, "GET or PATCH"),
+            (
+                Tcp,
+                "PUT",
+                "/capture/start",
+                "",
+                403,
+                "only on the Unix socket",
+            ),
         ];
         let vm = vm();
+        let mut cx = Context {
+            vm: &vm,
+            sysroot: None,
+            started: None,
+        };
         for &(origin, method, path, body, status, text) in table {
             let request = Request {
                 method: method.into(),
@@ -401,7 +768,9 @@ mod tests {
                 query: None,
                 body: body.as_bytes().to_vec(),
             };
-            let answer = route(&request, origin, &vm);
+            let Answer::Now(answer) = route(&request, origin, &mut cx) else {
+                panic!("{method} {path} answers at once");
+            };
             let shown = String::from_utf8_lossy(&answer.body);
             assert_eq!(answer.status, status, "{origin:?} {method} {path}: {shown}");
             assert!(shown.contains(text), "{origin:?} {method} {path}: {shown}");
@@ -418,6 +787,57 @@ mod tests {
             query: None,
             body: Vec::new(),
         };
-        assert_eq!(route(&request, Origin::Tcp, &vm).status, 503);
+        let mut cx = Context {
+            vm: &vm,
+            sysroot: None,
+            started: None,
+        };
+        assert_eq!(
+            route(&request, Origin::Tcp, &mut cx),
+            Answer::Now(Response::fault(503, "the VM is not running"))
+        );
+    }
+
+    #[test]
+    fn a_pprof_request_captures_for_the_seconds_it_asks() {
+        // (query, Ok(seconds) or the status of the refusal)
+        let table: &[(Option<&str>, Result<u64, u16>)] = &[
+            (None, Ok(DEFAULT_PROFILE_SECONDS)),
+            (Some("seconds=5"), Ok(5)),
+            (Some("debug=1&seconds=2"), Ok(2)),
+            (Some("seconds=0"), Err(400)),
+            (Some("seconds=301"), Err(400)),
+            (Some("seconds=-1"), Err(400)),
+            (Some("seconds=5x"), Err(400)),
+            (Some("seconds"), Err(400)),
+        ];
+        let vm = vm();
+        for &(query, want) in table {
+            let mut cx = Context {
+                vm: &vm,
+                sysroot: None,
+                started: None,
+            };
+            let request = Request {
+                method: "GET".into(),
+                path: "/debug/pprof/profile".into(),
+                query: query.map(String::from),
+                body: Vec::new(),
+            };
+            let before = Instant::now();
+            match (route(&request, Origin::Tcp, &mut cx), want) {
+                (Answer::Profile { id, due }, Ok(seconds)) => {
+                    let asked = due.duration_since(before).as_secs_f64();
+                    assert!((asked - seconds as f64).abs() < 1.0, "{query:?}: {asked}");
+                    let done = finish_profile(id, &cx);
+                    assert_eq!(done.status, 200, "{query:?}");
+                    let profile = pprof::read(&done.body).expect("a gzipped profile");
+                    assert!(profile.string_table.iter().any(|s| s.contains("lwpvmm")));
+                }
+                (Answer::Now(r), Err(status)) => assert_eq!(r.status, status, "{query:?}"),
+                (got, _) => panic!("{query:?}: {got:?}"),
+            }
+        }
+        assert_eq!(vm.recorder().running(), 0, "every capture ended");
     }
 }

@@ -16,9 +16,9 @@ use super::ops::VcpuOps;
 use super::{VcpuError, VcpuStep, doorbell, state_call, stepper};
 use crate::guard::GuestMemory;
 use crate::guest_warn;
-use crate::profile::trace::TraceWriter;
 use crate::vmm::devices::{PortAction, PortBus};
 use crate::vmm::metrics::VcpuMetrics;
+use crate::vmm::recorder::Recorder;
 use crate::vmm::step::StepBackend;
 use crate::vmm::virtio::VirtioBus;
 
@@ -169,8 +169,8 @@ pub struct ExitCx<'a> {
     pub mem: &'a GuestMemory,
     /// Its counters.
     pub metrics: &'a VcpuMetrics,
-    /// The host-side trace, when one is written.
-    pub trace: Option<&'a Mutex<TraceWriter>>,
+    /// Where the host side keeps stored records (trace, captures).
+    pub recorder: &'a Recorder,
 }
 
 /// Runs what an exit asks for.

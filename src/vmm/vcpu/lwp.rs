@@ -6,7 +6,6 @@
 //! the LWP MSRs, the sampler's charge, and what follows every exit (the
 //! trace, a due threshold interrupt, stepping).
 
-use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 
 use kvm_bindings::kvm_msi;
@@ -21,7 +20,7 @@ use crate::lwp::msr::{MSR_LWP_CBADDR, MSR_LWP_CFG};
 use crate::lwp::record::EventId;
 use crate::lwp::unit::{LwpUnit, ThresholdInterrupt, UnitState};
 use crate::profile::stack::{self, UnwindStart};
-use crate::profile::trace::{TraceRecord, TraceWriter};
+use crate::profile::trace::TraceRecord;
 use crate::vmm::privilege;
 use crate::vmm::step::StepBackend;
 
@@ -288,9 +287,7 @@ pub fn after_exit(cx: &mut ExitCx<'_>) -> Result<(), VcpuError> {
             .store(stats.records_missed, Ordering::Relaxed);
     }
     let unwind = cx.lwp.unwind.take();
-    if let Some(trace) = cx.trace {
-        write_trace(cx, trace, unwind);
-    }
+    record(cx, unwind);
     deliver_interrupt(cx);
     stepper::arm(cx)
 }
@@ -303,20 +300,28 @@ fn stacked(event: u8) -> bool {
         .any(|e| *e as u8 == event)
 }
 
-fn write_trace(cx: &mut ExitCx<'_>, trace: &Mutex<TraceWriter>, unwind: Option<UnwindStart>) {
+/// The unit's new records to the recorder, those of the EventIds it
+/// records, with their call stacks; nothing is unwound for records that go
+/// nowhere.
+fn record(cx: &mut ExitCx<'_>, unwind: Option<UnwindStart>) {
+    let recorder = cx.recorder;
     let Some(unit) = cx.lwp.unit_mut() else {
         return;
     };
     let records = unit.drain_log();
-    if records.is_empty() {
+    if records.is_empty() || !recorder.wants_records() {
         return;
     }
     let sregs = cx.vcpu.sregs();
     let (id, cr3) = (cx.vcpu.id(), sregs.cr3 & CR3_ADDR);
     let mut lines: Vec<TraceRecord> = records
         .iter()
+        .filter(|r| recorder.wants(r.event_id))
         .map(|r| TraceRecord::new(id, cr3, r))
         .collect();
+    if lines.is_empty() {
+        return;
+    }
     if let Some(start) = unwind.filter(|_| cx.lwp.stacks)
         && lines.iter().any(|l| stacked(l.event))
         && let Ok(paging) = cx.vcpu.paging(&sregs)
@@ -327,15 +332,12 @@ fn write_trace(cx: &mut ExitCx<'_>, trace: &Mutex<TraceWriter>, unwind: Option<U
             line.top = found.top;
         }
     }
-    match trace.lock().map(|mut t| t.append(&lines)) {
-        Ok(Ok(dropped)) => {
-            cx.metrics
-                .trace_dropped
-                .fetch_add(dropped, Ordering::Relaxed);
-        }
-        _ => {
-            cx.metrics.trace_errors.fetch_add(1, Ordering::Relaxed);
-        }
+    let written = recorder.records(&lines);
+    cx.metrics
+        .trace_dropped
+        .fetch_add(written.trace_dropped, Ordering::Relaxed);
+    if written.trace_failed {
+        cx.metrics.trace_errors.fetch_add(1, Ordering::Relaxed);
     }
 }
 

@@ -31,9 +31,9 @@ use vmm_sys_util::signal::{Killable, SIGRTMIN};
 use crate::guard::GuestMemory;
 use crate::lwp::cpuid::{CpuidEntry, LwpFeatures};
 use crate::lwp::unit::{LwpUnit, UnitStats};
-use crate::profile::trace::TraceWriter;
 use crate::vmm::devices::{GuestEnd, PortBus};
 use crate::vmm::metrics::VcpuMetrics;
+use crate::vmm::recorder::Recorder;
 use crate::vmm::seccomp::{self, SeccompError, SeccompMode, ThreadKind};
 use crate::vmm::snapshot::VcpuSnapshot;
 use crate::vmm::step::StepBackend;
@@ -153,8 +153,8 @@ pub struct Shared {
     pub xsave_size: usize,
     /// The MSRs KVM lists as saveable.
     pub msr_indices: Vec<u32>,
-    /// The host-side trace, when one is written.
-    pub trace: Option<Mutex<TraceWriter>>,
+    /// The trace, the API's captures and the guest's reported mappings.
+    pub recorder: Arc<Recorder>,
     /// Written when a vCPU ends the VM (or fails).
     pub exit: EventFd,
     /// Written when a vCPU reaches a snapshot point.
@@ -365,7 +365,7 @@ impl Vcpu {
                 lwp: &mut self.lwp,
                 mem: &shared.mem,
                 metrics: &self.metrics,
-                trace: shared.trace.as_ref(),
+                recorder: &shared.recorder,
             };
             let mut sampled = None;
             match act(action, &mut cx)? {

@@ -225,7 +225,8 @@ fn crossing_reply(cx: &mut ExitCx<'_>) -> Detail {
 }
 
 /// Operation 9: the executable mapping at `at` of the address space `cr3`
-/// goes to the trace (and nowhere else: without a trace it is only read).
+/// goes to the recorder: the trace, and the mapping table of the API's
+/// captures (without either it is only read).
 fn exec_mapping(cx: &mut ExitCx<'_>, view: &GuestView<'_>, cr3: u64, at: u64) -> StateStatus {
     let mut m = ExecMapping::default();
     if view
@@ -246,12 +247,7 @@ fn exec_mapping(cx: &mut ExitCx<'_>, view: &GuestView<'_>, cr3: u64, at: u64) ->
         build_id: m.build_id().map(hex).unwrap_or_default(),
         first: m.flags & MAPPING_FIRST != 0,
     };
-    if let Some(trace) = cx.trace
-        && !matches!(
-            trace.lock().map(|mut t| t.append_mapping(&line)),
-            Ok(Ok(()))
-        )
-    {
+    if !cx.recorder.mapping(&line) {
         cx.metrics.trace_errors.fetch_add(1, Ordering::Relaxed);
     }
     StateStatus::Ok

@@ -5,6 +5,7 @@
 //! state-call areas, and user pages for code, an LWPCB and its ring. The
 //! handlers under test are the functions the run loop calls.
 
+use crate::vmm::recorder::Recorder;
 use std::cell::{Cell, RefCell};
 
 use kvm_bindings::{kvm_msi, kvm_regs, kvm_sregs};
@@ -159,6 +160,8 @@ pub struct Rig {
     pub vcpu: FakeVcpu,
     pub lwp: VcpuLwp,
     pub metrics: VcpuMetrics,
+    /// Where its records go (nowhere: no trace, no API).
+    pub recorder: Recorder,
 }
 
 impl Rig {
@@ -239,6 +242,7 @@ impl Rig {
             vcpu,
             lwp,
             metrics: VcpuMetrics::default(),
+            recorder: Recorder::new(None, false, 0),
         };
         rig.at_cpl0();
         rig
@@ -251,7 +255,7 @@ impl Rig {
             lwp: &mut self.lwp,
             mem: &self.mem,
             metrics: &self.metrics,
-            trace: None,
+            recorder: &self.recorder,
         }
     }
 

@@ -1,0 +1,67 @@
+/*
+ * The second process of the control API's profile test (/init with
+ * lwpprof=SECONDS runs it beside /lwp-hot): CNH sampling of warm_leaf,
+ * which only warm_caller calls, for SECONDS seconds. A profile fetched
+ * from lwpvmm while both run must name warm_leaf from this program's own
+ * ELF, hot_4 from lwp-hot's, and warm_caller as warm_leaf's caller: the
+ * host unwinds each sample's stack by frame pointers.
+ */
+#include "lwp.h"
+
+#define SLOTS 256
+#define UNIT 200000
+
+static struct lwpcb cb __attribute__((aligned(64)));
+static struct lwp_record ring[SLOTS] __attribute__((aligned(4096)));
+static volatile unsigned long long sink;
+static unsigned long long samples;
+
+/* The same loop as lwp-hot's functions: the sampled address is here. */
+static void __attribute__((noinline, aligned(64))) warm_leaf(void)
+{
+	unsigned long long n = 4 * UNIT;
+
+	while (n--)
+		sink += n;
+}
+
+/* Has a frame of its own, so that the unwinder finds it above the leaf. */
+static void __attribute__((noinline)) warm_caller(int rounds)
+{
+	int i;
+
+	for (i = 0; i < rounds; i++)
+		warm_leaf();
+	sink++;
+}
+
+static void drain(void)
+{
+	__slwpcb();
+	samples += (cb.head + sizeof(ring) - cb.tail) % sizeof(ring) /
+		   sizeof(struct lwp_record);
+	cb.tail = cb.head;
+}
+
+int main(int argc, char **argv)
+{
+	time_t end = time(0) + (argc > 1 ? atoi(argv[1]) : 5);
+
+	memset(&cb, 0, sizeof(cb));
+	memset(ring, 0, sizeof(ring));
+	cb.flags = LWP_CNH;
+	cb.buffer_size = sizeof(ring);
+	cb.buffer_base = (unsigned long long)ring;
+	cb.events[LWP_EVENT_CNH - 1].interval = 0xfffff;
+	__llwpcb(&cb);
+	check("LLWPCB grants CNH", cb.flags == LWP_CNH);
+	while (time(0) < end) {
+		warm_caller(8);
+		drain();
+	}
+	drain();
+	__llwpcb(0);
+	printf("  lwp-warm: %llu samples\n", samples);
+	check("CNH samples were taken", samples > 20);
+	return summary("lwp-warm");
+}

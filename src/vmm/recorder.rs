@@ -1,0 +1,311 @@
+//! What the host side keeps of the records the emulated LWP units store:
+//! the trace file (`--trace`), the captures the control API runs (each a
+//! [`Capture`], up to [`MAX_CAPTURES`] at once), and the executable
+//! mappings the guest reported, so that a capture started at any time
+//! resolves its frames. Which EventIds go to the trace and the captures,
+//! and whether the trace is written, change while the VM runs; the
+//! guest's own LWP state and rings are never touched from here.
+
+use std::io;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+
+use thiserror::Error;
+
+use crate::profile::capture::{Capture, MappingTable};
+use crate::profile::trace::{MappingLine, TraceRecord, TraceWriter};
+
+/// Captures running at once (pprof requests and a started capture).
+pub const MAX_CAPTURES: usize = 4;
+
+/// Every LWP EventId: what is recorded unless the API narrows it.
+pub const EVENT_IDS: [u8; 7] = [1, 2, 3, 4, 5, 6, 255];
+
+/// A capture's number, to stop it by.
+pub type CaptureId = u64;
+
+/// Why a capture did not start.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum CaptureError {
+    /// Too many run already.
+    #[error("{MAX_CAPTURES} captures are running already: wait for one to end")]
+    Busy,
+    /// The VM keeps no records (no trace and no API).
+    #[error("this VM keeps no records")]
+    Off,
+}
+
+/// The recorder of one VM, shared by its vCPUs and its API.
+pub struct Recorder {
+    trace: Option<Mutex<TraceWriter>>,
+    trace_on: AtomicBool,
+    /// One bit per EventId: what goes to the trace and the captures.
+    events: [AtomicU64; 4],
+    captures: Mutex<Vec<(CaptureId, Capture)>>,
+    capturing: AtomicBool,
+    next_id: AtomicU64,
+    mappings: Option<Mutex<MappingTable>>,
+    sample_hz: AtomicU32,
+}
+
+/// What [`Recorder::records`] did with a batch.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Written {
+    /// Records the trace dropped at its size limit.
+    pub trace_dropped: u64,
+    /// Whether writing the trace failed.
+    pub trace_failed: bool,
+}
+
+impl Recorder {
+    /// A recorder writing `trace` when given, and keeping mappings for
+    /// captures when `captures` (the VM has the control API).
+    pub fn new(trace: Option<TraceWriter>, captures: bool, sample_hz: u32) -> Self {
+        let r = Recorder {
+            trace_on: AtomicBool::new(trace.is_some()),
+            trace: trace.map(Mutex::new),
+            events: Default::default(),
+            captures: Mutex::new(Vec::new()),
+            capturing: AtomicBool::new(false),
+            next_id: AtomicU64::new(1),
+            mappings: captures.then(Mutex::default),
+            sample_hz: AtomicU32::new(sample_hz),
+        };
+        r.set_events(&EVENT_IDS);
+        r
+    }
+
+    /// Whether the units must keep their records for this recorder at all.
+    pub fn keeps_records(&self) -> bool {
+        self.trace.is_some() || self.mappings.is_some()
+    }
+
+    /// Whether a record stored now goes anywhere.
+    pub fn wants_records(&self) -> bool {
+        self.trace_on.load(Ordering::Relaxed) || self.capturing.load(Ordering::Relaxed)
+    }
+
+    /// Whether records of `event` go to the trace and the captures.
+    pub fn wants(&self, event: u8) -> bool {
+        self.events[usize::from(event / 64)].load(Ordering::Relaxed) & (1 << (event % 64)) != 0
+    }
+
+    /// The EventIds recorded.
+    pub fn events(&self) -> Vec<u8> {
+        (0..=255u8).filter(|&e| self.wants(e)).collect()
+    }
+
+    /// Records only `events` from now on.
+    pub fn set_events(&self, events: &[u8]) {
+        let mut bits = [0u64; 4];
+        for &e in events {
+            bits[usize::from(e / 64)] |= 1 << (e % 64);
+        }
+        for (slot, b) in self.events.iter().zip(bits) {
+            slot.store(b, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the trace is written; `None` without a trace file.
+    pub fn trace_on(&self) -> Option<bool> {
+        self.trace
+            .as_ref()
+            .map(|_| self.trace_on.load(Ordering::Relaxed))
+    }
+
+    /// Pauses or resumes writing the trace; false without a trace file.
+    pub fn set_trace(&self, on: bool) -> bool {
+        if self.trace.is_none() {
+            return false;
+        }
+        self.trace_on.store(on, Ordering::Relaxed);
+        true
+    }
+
+    /// The sampler's rate now (the control thread sets it).
+    pub fn sample_hz(&self) -> u32 {
+        self.sample_hz.load(Ordering::Relaxed)
+    }
+
+    /// Notes the sampler's new rate.
+    pub fn note_sample_hz(&self, hz: u32) {
+        self.sample_hz.store(hz, Ordering::Relaxed);
+    }
+
+    /// Takes records a unit stored, already filtered by [`Self::wants`].
+    pub fn records(&self, lines: &[TraceRecord]) -> Written {
+        let mut written = Written::default();
+        if self.capturing.load(Ordering::Relaxed)
+            && let Ok(mut captures) = self.captures.lock()
+        {
+            for (_, c) in captures.iter_mut() {
+                lines.iter().for_each(|l| c.record(l));
+            }
+        }
+        if let Some(trace) = self
+            .trace
+            .as_ref()
+            .filter(|_| self.trace_on.load(Ordering::Relaxed))
+        {
+            match trace.lock().map(|mut t| t.append(lines)) {
+                Ok(Ok(dropped)) => written.trace_dropped = dropped,
+                _ => written.trace_failed = true,
+            }
+        }
+        written
+    }
+
+    /// Takes a mapping the guest reported; false when writing it to the
+    /// trace failed.
+    pub fn mapping(&self, line: &MappingLine) -> bool {
+        if let Some(table) = &self.mappings
+            && let Ok(mut table) = table.lock()
+        {
+            table.apply(line);
+        }
+        if self.capturing.load(Ordering::Relaxed)
+            && let Ok(mut captures) = self.captures.lock()
+        {
+            captures.iter_mut().for_each(|(_, c)| c.mapping(line));
+        }
+        // The trace gets every mapping, also while its records pause: the
+        // records after a resume resolve with them.
+        match &self.trace {
+            Some(trace) => matches!(trace.lock().map(|mut t| t.append_mapping(line)), Ok(Ok(()))),
+            None => true,
+        }
+    }
+
+    /// Starts a capture.
+    pub fn start_capture(&self) -> Result<CaptureId, CaptureError> {
+        let Some(table) = &self.mappings else {
+            return Err(CaptureError::Off);
+        };
+        let capture = Capture::new(&*table.lock().map_err(|_| CaptureError::Off)?);
+        let mut captures = self.captures.lock().map_err(|_| CaptureError::Off)?;
+        if captures.len() >= MAX_CAPTURES {
+            return Err(CaptureError::Busy);
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        captures.push((id, capture));
+        self.capturing.store(true, Ordering::Relaxed);
+        Ok(id)
+    }
+
+    /// Ends capture `id` and hands it over; `None` when it is not running.
+    pub fn finish_capture(&self, id: CaptureId) -> Option<Capture> {
+        let mut captures = self.captures.lock().ok()?;
+        let at = captures.iter().position(|(i, _)| *i == id)?;
+        let (_, capture) = captures.swap_remove(at);
+        self.capturing
+            .store(!captures.is_empty(), Ordering::Relaxed);
+        Some(capture)
+    }
+
+    /// Captures running.
+    pub fn running(&self) -> usize {
+        self.captures.lock().map_or(0, |c| c.len())
+    }
+
+    /// Records counted by capture `id` so far.
+    pub fn capture_records(&self, id: CaptureId) -> Option<u64> {
+        let captures = self.captures.lock().ok()?;
+        captures
+            .iter()
+            .find(|(i, _)| *i == id)
+            .map(|(_, c)| c.records)
+    }
+
+    /// Flushes the trace.
+    pub fn flush(&self) -> io::Result<()> {
+        match &self.trace {
+            Some(t) => t
+                .lock()
+                .map_err(|_| io::Error::other("the trace's lock is poisoned"))?
+                .flush(),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(event: u8) -> TraceRecord {
+        TraceRecord::stacked(event, 0x1000, 0x40_0000, &[])
+    }
+
+    #[test]
+    fn events_are_chosen_by_id() {
+        let r = Recorder::new(None, true, 0);
+        assert_eq!(r.events(), EVENT_IDS, "every EventId by default");
+        // (EventIds set, ids wanted, ids not)
+        let table: &[(&[u8], &[u8], &[u8])] = &[
+            (&[5, 6], &[5, 6], &[1, 255]),
+            (&[255], &[255], &[5, 63, 64]),
+            (&[], &[], &[0, 5, 255]),
+            (&[1, 2, 3, 4, 5, 6, 255], &[1, 6, 255], &[0, 7, 63, 64, 128]),
+        ];
+        for (set, yes, no) in table {
+            r.set_events(set);
+            assert!(yes.iter().all(|&e| r.wants(e)), "{set:?}");
+            assert!(!no.iter().any(|&e| r.wants(e)), "{set:?}");
+            assert_eq!(r.events(), set.to_vec());
+        }
+    }
+
+    #[test]
+    fn captures_run_side_by_side_and_end_apart() {
+        let r = Recorder::new(None, true, 0);
+        assert!(!r.wants_records());
+        let a = r.start_capture().unwrap();
+        r.records(&[record(5)]);
+        let b = r.start_capture().unwrap();
+        r.records(&[record(5), record(5)]);
+        assert_eq!(r.capture_records(a), Some(3));
+        assert_eq!(r.finish_capture(b).map(|c| c.records), Some(2));
+        assert!(r.wants_records(), "a still runs");
+        assert_eq!(r.finish_capture(a).map(|c| c.records), Some(3));
+        assert!(!r.wants_records());
+        assert!(r.finish_capture(a).is_none(), "once");
+        let ids: Vec<_> = (0..MAX_CAPTURES).map(|_| r.start_capture()).collect();
+        assert!(ids.iter().all(Result::is_ok));
+        assert_eq!(r.start_capture(), Err(CaptureError::Busy));
+        assert_eq!(
+            Recorder::new(None, false, 0).start_capture(),
+            Err(CaptureError::Off)
+        );
+    }
+
+    #[test]
+    fn a_capture_starts_from_the_mappings_reported_before_it() {
+        let r = Recorder::new(None, true, 0);
+        let line = MappingLine {
+            cr3: 0x1000,
+            start: 0x40_0000,
+            end: 0x41_0000,
+            offset: 0,
+            path: "/lwp-hot".into(),
+            build_id: String::new(),
+            first: true,
+        };
+        assert!(r.mapping(&line));
+        let id = r.start_capture().unwrap();
+        r.records(&[record(5)]);
+        let mut resolver = crate::profile::objects::Resolver::new(None, None);
+        let tally = r.finish_capture(id).unwrap().tally(&mut resolver);
+        let top = tally.stacks(None).next().unwrap();
+        assert_eq!(
+            resolver.objects[top.frames[0].object as usize].path,
+            "/lwp-hot"
+        );
+    }
+
+    #[test]
+    fn a_paused_trace_is_not_written() {
+        let r = Recorder::new(None, true, 0);
+        assert_eq!(r.trace_on(), None);
+        assert!(!r.set_trace(true), "no trace file to resume");
+    }
+}
