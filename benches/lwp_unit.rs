@@ -1,10 +1,15 @@
 //! Cost of the emulated unit's memory path: a record stored into a 64 KiB
 //! ring through the guard (page walk, RAM check, A/D update included), next to
 //! the same store with no translation at all, and an LLWPCB validation.
+//! After criterion's figures, two ratios measured in the same run (medians
+//! of repeated timings): a component-62 restore (a context switch into an
+//! LWP task) with a 256 MiB ring against one with a 4 KiB ring, and LLWPCB
+//! with a 64 KiB ring against one 32-byte `write_obj`.
 
 use std::hint::black_box;
+use std::time::Instant;
 
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{Criterion, criterion_group};
 use lwpvmm::guard::pagetable::{PageTables, PteFlags};
 use lwpvmm::guard::{GuestMemory, GuestView, Paging, PagingCaps};
 
@@ -103,5 +108,95 @@ fn benches(c: &mut Criterion) {
     );
 }
 
+/// Nanoseconds per call of `f`: the median of 31 timings of `n` calls.
+fn per_call(n: u32, mut f: impl FnMut()) -> f64 {
+    let mut times: Vec<f64> = (0..31)
+        .map(|_| {
+            let t = Instant::now();
+            for _ in 0..n {
+                f();
+            }
+            t.elapsed().as_nanos() as f64 / f64::from(n)
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+/// A guest whose LWPCB names a ring of `size` bytes, every ring page
+/// aliasing one RAM page (so a 256 MiB ring fits 16 MiB of RAM), loaded;
+/// returns its memory, paging and the unit's component-62 image.
+fn loaded(size: u32) -> (GuestMemory, Paging, lwpvmm::lwp::xsave::LwpXsaveArea) {
+    let mem = GuestMemory::from_ranges(&[(GuestAddress(0), 16 << 20)]).unwrap();
+    let cr3 = {
+        let mut pt = PageTables::new(&mem, 0x1000, 0x20_0000).unwrap();
+        pt.map_range(CB, CB_GPA, 0x1000, PteFlags::USER_RW).unwrap();
+        for page in 0..u64::from(size).div_ceil(0x1000) {
+            pt.map(
+                RING + page * 0x1000,
+                RING_GPA,
+                lwpvmm::guard::pagetable::PageSize::Size4K,
+                PteFlags::USER_RW,
+            )
+            .unwrap();
+        }
+        pt.cr3()
+    };
+    let fixed = LwpcbFixed {
+        flags: FLAGS,
+        buffer_size_random: size,
+        buffer_base: RING,
+        ..Default::default()
+    };
+    mem.write_slice(fixed.as_slice(), GuestAddress(CB_GPA))
+        .unwrap();
+    let mut u = unit();
+    let area = {
+        let mut view = GuestView::new(&mem, paging(cr3));
+        u.llwpcb(&mut view, CB).unwrap();
+        u.save_xsave()
+    };
+    (mem, paging(cr3), area)
+}
+
+fn ratios() {
+    let restore = |size: u32| {
+        let (mem, paging, area) = loaded(size);
+        let mut u = unit();
+        per_call(200, || {
+            let mut view = GuestView::new(&mem, paging);
+            u.restore_xsave(&mut view, black_box(&area)).unwrap();
+        })
+    };
+    // BufferSize has 28 bits: the largest ring is a page short of 256 MiB.
+    let (big, small) = (restore((256 << 20) - 4096), restore(4096));
+    println!("restore through the guard: 256 MiB ring {big:.0} ns, 4 KiB ring {small:.0} ns");
+    println!("restore 256MiB ring / 4KiB ring = {:.2}", big / small);
+
+    let (mem, cr3) = guest();
+    let mut u = unit();
+    let llwpcb = per_call(200, || {
+        let mut view = GuestView::new(&mem, paging(cr3));
+        u.llwpcb(&mut view, black_box(CB)).unwrap();
+    });
+    let record = EventRecord::default();
+    let mut slot = 0u64;
+    let write = per_call(20_000, || {
+        slot = (slot + 32) % u64::from(RING_SIZE);
+        mem.write_obj(black_box(record), GuestAddress(RING_GPA + slot))
+            .unwrap();
+    });
+    println!("llwpcb of a 64 KiB ring {llwpcb:.0} ns, baseline write_obj {write:.1} ns");
+    println!(
+        "llwpcb 64KiB ring / baseline write_obj = {:.1}",
+        llwpcb / write
+    );
+}
+
 criterion_group!(lwp_unit, benches);
-criterion_main!(lwp_unit);
+
+fn main() {
+    lwp_unit();
+    Criterion::default().configure_from_args().final_summary();
+    ratios();
+}

@@ -850,3 +850,94 @@ fn page_walks_follow_the_guests_cpuid() {
         assert_eq!(got, want, "{what}");
     }
 }
+
+/// A range check reads each upper-level entry once for the pages that
+/// share it (the LLWPCB's ring walk): its answer is still the first page's
+/// that fails alone, across page tables, PD and PDPT boundaries, and
+/// entries that differ only in the lower levels.
+#[test]
+fn a_range_check_answers_as_its_pages_do() {
+    const BASE: u64 = 0x2_3FE0_0000;
+    let mem = memory();
+    let cr3 = {
+        let mut pt = PageTables::new(&mem, 0x1000, 0x10_0000).unwrap();
+        // 4 MiB + 8 KiB across a 1 GiB (PDPT) boundary at BASE + 2 MiB,
+        // every page aliasing one RAM page, one read-only, one supervisor.
+        for page in 0..1026u64 {
+            let flags = match page {
+                700 => PteFlags::USER_RO,
+                900 => PteFlags::KERNEL_RW,
+                _ => PteFlags::USER_RW,
+            };
+            pt.map(BASE + page * 0x1000, 0x30_0000, PageSize::Size4K, flags)
+                .unwrap();
+        }
+        pt.cr3()
+    };
+    let view = GuestView::new(
+        &mem,
+        Paging::from_regs(CR0, cr3, CR4_PAE, EFER, PagingCaps::COMMON, 0).unwrap(),
+    );
+    // (first page, pages, access)
+    let table = [
+        (0, 1026, Access::UserRead),
+        (0, 1026, Access::UserWrite),
+        (0, 700, Access::UserWrite),
+        (500, 300, Access::UserWrite),
+        (701, 199, Access::UserWrite),
+        (701, 325, Access::UserRead),
+        (510, 4, Access::UserWrite),
+        (1020, 10, Access::UserRead),
+    ];
+    for (first, pages, access) in table {
+        let (start, len) = (BASE + first * 0x1000, pages * 0x1000);
+        let alone = (first..first + pages)
+            .map(|p| view.check(BASE + p * 0x1000, 0x1000, access))
+            .find(Result::is_err)
+            .unwrap_or(Ok(()));
+        assert_eq!(
+            view.check(start, len, access),
+            alone,
+            "pages {first}..{} as {access:?}",
+            first + pages
+        );
+    }
+}
+
+/// LLWPCB's write-back: fields stored where they are and nothing between,
+/// across two pages in two RAM regions, with each page's Dirty bit set; a
+/// span with a page that may not be stored stores no field.
+#[test]
+fn fields_are_stored_all_or_none() {
+    let s = space();
+    let mut v = s.view();
+    let base = ACROSS_REGIONS + 0xFF8;
+    v.write_user_fields(base, 24, &[(0, &[1; 4]), (6, &[2; 4]), (20, &[3; 4])])
+        .unwrap();
+    assert_eq!(s.phys(0x7F_FFF8, 8), [1, 1, 1, 1, 0, 0, 2, 2]);
+    assert_eq!(
+        s.phys(0x80_0000, 16),
+        [2, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 3, 3, 3]
+    );
+    for page in [ACROSS_REGIONS, ACROSS_REGIONS + 0x1000] {
+        let (_, pte) = entry_at(&s.mem, v.paging(), page, Level::Pt).unwrap();
+        assert_ne!(pte & (1 << 6), 0, "{page:#x}: Dirty");
+    }
+    // (what, base, span)
+    let refused = [
+        ("a read-only page in the span", USER_RO - 8, 16),
+        ("the span runs into a hole", ACROSS_INTO_HOLE + 0xFF8, 16),
+    ];
+    for (what, base, span) in refused {
+        let before = v.read_user(base, &mut [0u8; 8]);
+        assert!(
+            v.write_user_fields(base, span, &[(0, &[9; 8])]).is_err(),
+            "{what}"
+        );
+        let mut after = [0u8; 8];
+        if before.is_ok() {
+            v.read_user(base, &mut after).unwrap();
+            assert_eq!(after, [0; 8], "{what}: stored nothing");
+        }
+    }
+}

@@ -228,7 +228,7 @@ pub fn translate(
         return Err(GuardError::NonCanonical { address });
     }
     for _ in 0..WALK_ATTEMPTS {
-        let walked = walk(mem, paging, address, access)?;
+        let walked = walk(mem, paging, address, access, None)?;
         if marking == Marking::Probe || set_accessed_dirty(mem, &walked, access)? {
             return Ok(walked.translation);
         }
@@ -236,11 +236,36 @@ pub fn translate(
     Err(GuardError::Contended { address })
 }
 
+/// The upper-level entries (PML4, PDPT, PD) the last probe of a range
+/// read, by their physical address: the pages of one range share them, so
+/// a range check reads each page-table page's entries once, not once per
+/// page.
+#[derive(Debug, Default)]
+pub struct TableCache {
+    entries: [Option<(u64, u64)>; 3],
+}
+
+/// Translates `address` for `access` as a probe (nothing marked), reusing
+/// the upper-level entries `cache` holds from the probe before it.
+pub fn probe_cached(
+    mem: &GuestMemory,
+    paging: &Paging,
+    address: u64,
+    access: Access,
+    cache: &mut TableCache,
+) -> Result<Translation, GuardError> {
+    if !is_canonical(address) {
+        return Err(GuardError::NonCanonical { address });
+    }
+    walk(mem, paging, address, access, Some(cache)).map(|w| w.translation)
+}
+
 fn walk(
     mem: &GuestMemory,
     paging: &Paging,
     address: u64,
     access: Access,
+    mut cache: Option<&mut TableCache>,
 ) -> Result<Walked, GuardError> {
     let mut table = paging.pml4;
     let mut entries = [(0u64, 0u64); 4];
@@ -250,13 +275,24 @@ fn walk(
     for (depth, level) in Level::WALK.into_iter().enumerate() {
         let index = (address >> level.shift()) & 0x1ff;
         let gpa = table | (index * 8);
-        let entry: u64 = mem
-            .load(GuestAddress(gpa), Ordering::Acquire)
-            .map_err(|_| GuardError::TableOutsideRam {
-                address,
-                level,
-                gpa,
-            })?;
+        let cached = cache
+            .as_deref()
+            .and_then(|c| c.entries.get(depth).copied().flatten())
+            .filter(|&(at, _)| at == gpa)
+            .map(|(_, entry)| entry);
+        let entry: u64 = match cached {
+            Some(entry) => entry,
+            None => mem
+                .load(GuestAddress(gpa), Ordering::Acquire)
+                .map_err(|_| GuardError::TableOutsideRam {
+                    address,
+                    level,
+                    gpa,
+                })?,
+        };
+        if let Some(slot) = cache.as_deref_mut().and_then(|c| c.entries.get_mut(depth)) {
+            *slot = Some((gpa, entry));
+        }
         if entry & PTE_PRESENT == 0 {
             return Err(GuardError::NotPresent {
                 address,

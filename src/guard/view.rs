@@ -9,7 +9,7 @@ use crate::lwp::memory::UserMemory;
 
 use super::GuestMemory;
 use super::error::GuardError;
-use super::paging::{Access, Marking, Paging, is_canonical, translate};
+use super::paging::{Access, Marking, Paging, TableCache, is_canonical, probe_cached, translate};
 
 /// Guest memory as seen through one vCPU's page tables.
 #[derive(Debug, Clone, Copy)]
@@ -108,9 +108,15 @@ impl<'a> GuestView<'a> {
             }
         }
         let mut done = 0u64;
+        let mut tables = TableCache::default();
         while done < len {
             let at = address + done;
-            let t = translate(self.mem, &self.paging, at, access, marking)?;
+            let t = match marking {
+                Marking::Probe => probe_cached(self.mem, &self.paging, at, access, &mut tables)?,
+                Marking::SetAccessedDirty => {
+                    translate(self.mem, &self.paging, at, access, marking)?
+                }
+            };
             let piece = t.page_remaining.min(len - done);
             let in_ram = usize::try_from(piece)
                 .is_ok_and(|n| GuestMemoryBackend::check_range(self.mem, GuestAddress(t.gpa), n));
@@ -146,5 +152,52 @@ impl UserMemory for GuestView<'_> {
     fn check_user_read(&mut self, address: u64, len: u64) -> Result<(), GuestFault> {
         self.check(address, len, Access::UserRead)
             .map_err(|e| e.fault())
+    }
+
+    fn write_user_fields(
+        &mut self,
+        base: u64,
+        span: u64,
+        fields: &[(u64, &[u8])],
+    ) -> Result<(), GuestFault> {
+        self.check(base, span, Access::UserWrite)
+            .map_err(|e| e.fault())?;
+        // Each 4 KiB page of the span translated once, with Accessed and
+        // Dirty set as the stores would; the span is a block of a few
+        // hundred bytes, so a page or two.
+        let mut pages: Vec<(u64, u64)> = Vec::with_capacity(2);
+        for &(offset, bytes) in fields {
+            let start = base
+                .checked_add(offset)
+                .ok_or(GuestFault::GeneralProtection)?;
+            let mut done = 0usize;
+            while done < bytes.len() {
+                let at = start.wrapping_add(done as u64);
+                let page = at & !0xfff;
+                let gpa_page = match pages.iter().find(|(p, _)| *p == page) {
+                    Some(&(_, g)) => g,
+                    None => {
+                        let t = translate(
+                            self.mem,
+                            &self.paging,
+                            page,
+                            Access::UserWrite,
+                            Marking::SetAccessedDirty,
+                        )
+                        .map_err(|e| e.fault())?;
+                        pages.push((page, t.gpa));
+                        t.gpa
+                    }
+                };
+                let in_page = (0x1000 - (at & 0xfff)) as usize;
+                let piece = in_page.min(bytes.len() - done);
+                let gpa = gpa_page + (at & 0xfff);
+                self.mem
+                    .write_slice(&bytes[done..done + piece], GuestAddress(gpa))
+                    .map_err(|_| GuardError::PageOutsideRam { address: at, gpa }.fault())?;
+                done += piece;
+            }
+        }
+        Ok(())
     }
 }

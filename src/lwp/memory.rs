@@ -23,6 +23,27 @@ pub trait UserMemory {
     /// Checks that `len` bytes at `address` could be loaded at CPL3, without
     /// reading anything.
     fn check_user_read(&mut self, address: u64, len: u64) -> Result<(), GuestFault>;
+
+    /// Stores each `(offset, bytes)` of `fields` at `base + offset` as CPL3
+    /// stores, after checking the `span` bytes at `base` that hold them all:
+    /// a refused span stores nothing. One call, so an implementation may
+    /// translate each page of the span once (the guard does, for LLWPCB's
+    /// write-back); the fields are written where they are, nothing between.
+    fn write_user_fields(
+        &mut self,
+        base: u64,
+        span: u64,
+        fields: &[(u64, &[u8])],
+    ) -> Result<(), GuestFault> {
+        self.check_user_write(base, span)?;
+        for &(offset, bytes) in fields {
+            let at = base
+                .checked_add(offset)
+                .ok_or(GuestFault::GeneralProtection)?;
+            self.write_user(at, bytes)?;
+        }
+        Ok(())
+    }
 }
 
 /// Reads a little-endian `u32`.

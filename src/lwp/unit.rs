@@ -92,9 +92,11 @@ enum Stored {
 enum Store {
     /// As CPL3 stores (LLWPCB, L1).
     Checked,
-    /// As CPL3 loads: a restore cannot fault, and a page write-protected
-    /// until the task next writes it (copy-on-write after fork) must not
-    /// turn the task's LWP off; every store checks again (X3).
+    /// The LWPCB as CPL3 loads, the ring not at all: a restore cannot
+    /// fault, a page write-protected until the task next writes it
+    /// (copy-on-write after fork) must not turn the task's LWP off, and a
+    /// context switch must not cost a walk of every ring page; every store
+    /// walks its own page (X3).
     Deferred,
 }
 
@@ -473,22 +475,15 @@ impl LwpUnit {
         let max = usize::from(caps.max_events()).min(MAX_EVENT_ID);
         let block = LoadedLwpcb::normalize(caps, grant, address, &fixed, &pairs[..max])
             .map_err(|_| GuestFault::GeneralProtection)?;
-        check(mem, block.buffer_base, u64::from(block.buffer_size))?;
+        if let Store::Checked = store {
+            check(mem, block.buffer_base, u64::from(block.buffer_size))?;
+        }
         Ok(block)
     }
 
     /// Writes LLWPCB's normalised fields back into the new block, so software
     /// reads exactly what the unit runs with.
     fn write_back(&self, mem: &mut dyn UserMemory, b: &LoadedLwpcb) -> Result<(), GuestFault> {
-        let at = |off: u64| {
-            b.address
-                .checked_add(off)
-                .ok_or(GuestFault::GeneralProtection)
-        };
-        mem.write_user(at(OFF_FLAGS)?, &b.flags.bits().to_le_bytes())?;
-        mem.write_user(at(OFF_BUFFER_SIZE)?, &b.buffer_size_word().to_le_bytes())?;
-        mem.write_user(at(OFF_HEAD)?, &b.head.to_le_bytes())?;
-        mem.write_user(at(OFF_THRESHOLD)?, &b.threshold.to_le_bytes())?;
         let max = usize::from(self.caps.max_events()).min(MAX_EVENT_ID);
         let mut pairs = [0u8; 8 * MAX_EVENT_ID];
         for (id, chunk) in (1..=max).zip(pairs.chunks_exact_mut(8)) {
@@ -496,13 +491,49 @@ impl LwpUnit {
             chunk[..4].copy_from_slice(&to_s26(interval).to_le_bytes());
             chunk[4..].copy_from_slice(&to_s26(counter).to_le_bytes());
         }
-        let events_at = at(LoadedLwpcb::interval_offset(&self.caps, 1))?;
-        mem.write_user(events_at, &pairs[..8 * max])
+        let (flags, size) = (
+            b.flags.bits().to_le_bytes(),
+            b.buffer_size_word().to_le_bytes(),
+        );
+        let (head, threshold) = (b.head.to_le_bytes(), b.threshold.to_le_bytes());
+        // Only these fields: software owns the others (the tail among them),
+        // and another thread may be writing them.
+        mem.write_user_fields(
+            b.address,
+            self.cb_len() as u64,
+            &[
+                (OFF_FLAGS, &flags),
+                (OFF_BUFFER_SIZE, &size),
+                (OFF_HEAD, &head),
+                (OFF_THRESHOLD, &threshold),
+                (
+                    LoadedLwpcb::interval_offset(&self.caps, 1),
+                    &pairs[..8 * max],
+                ),
+            ],
+        )
     }
 
-    /// Best-effort flush of head, MissedEvents and counters into the LWPCB.
+    /// Best-effort flush of head, MissedEvents and counters into the LWPCB:
+    /// in one call when the whole block may be stored (each page translated
+    /// once), else field by field, storing what can be stored.
     fn flush(&mut self, mem: &mut dyn UserMemory) {
         let Some(b) = self.block else { return };
+        let max = usize::from(self.caps.max_events()).min(MAX_EVENT_ID);
+        let counters: Vec<[u8; 4]> = (1..=max)
+            .map(|id| to_s26(b.events[id].counter).to_le_bytes())
+            .collect();
+        let (head, missed) = (b.head.to_le_bytes(), b.missed_events.to_le_bytes());
+        let mut fields: Vec<(u64, &[u8])> = vec![(OFF_HEAD, &head), (OFF_MISSED, &missed)];
+        for (id, c) in (1..=max).zip(&counters) {
+            fields.push((LoadedLwpcb::interval_offset(&self.caps, id) + 4, c));
+        }
+        if mem
+            .write_user_fields(b.address, self.cb_len() as u64, &fields)
+            .is_ok()
+        {
+            return;
+        }
         let mut ok = Self::flush_position(mem, &b);
         for id in 1..=usize::from(self.caps.max_events()).min(MAX_EVENT_ID) {
             let off = LoadedLwpcb::interval_offset(&self.caps, id) + 4;
@@ -1106,8 +1137,9 @@ mod tests {
         }
     }
 
-    /// X3: a restore checks the LWPCB and ring as loads; the stores check
-    /// again (S1), so a task forked from keeps its LWP.
+    /// X3: a restore checks the LWPCB as loads and the ring not at all;
+    /// the stores check (S1), so a task forked from keeps its LWP, and a
+    /// ring that is gone shows at its first store.
     #[test]
     fn a_restore_accepts_write_protected_pages() {
         let mut r = rig(LwpProfile::Emulated, 0x2000_0002, 4096);
@@ -1129,9 +1161,19 @@ mod tests {
         assert_eq!(fresh.lwpins(&mut r.mem, &ev, 0), Ok(false));
         assert_eq!(fresh.block().unwrap().head, 64);
         r.mem.unmap(RING);
+        let mut gone = LwpUnit::new(*r.unit.caps());
+        gone.write_cfg(r.unit.cfg().raw()).unwrap();
+        gone.restore_xsave(&mut r.mem, &area).unwrap();
+        assert_eq!(
+            gone.lwpins(&mut r.mem, &ev, 0),
+            Ok(true),
+            "a ring that is not there shows at its first store: a missed record"
+        );
+        assert_eq!(gone.stats().store_faults, 1);
+        r.mem.unmap(CB);
         assert!(
             fresh.restore_xsave(&mut r.mem, &area).is_err(),
-            "a ring that is not there is still refused"
+            "an LWPCB that is not there is still refused"
         );
     }
 
@@ -1291,16 +1333,19 @@ mod tests {
         r.load();
         let good = r.unit.save_xsave();
         type Breaker = fn(&mut LwpXsaveArea);
-        let table: [(&str, Breaker, Option<GuestFault>); 4] = [
+        // (what is wrong, how, the fault, the flags loaded when taken)
+        let table: [(&str, Breaker, Option<GuestFault>, u32); 4] = [
             (
                 "flags beyond the profile are dropped",
                 |a| a.flags = 0xFFFF_FFFF,
                 None,
+                0xE000_0062,
             ),
             (
                 "ring too small",
                 |a| a.buffer_size = 64,
                 Some(GuestFault::GeneralProtection),
+                0,
             ),
             (
                 "LWPCB unmapped",
@@ -1309,24 +1354,23 @@ mod tests {
                     address: 0x7000_0000,
                     error_code: PF_USER,
                 }),
+                0,
             ),
             (
-                "ring unmapped (checked as a load, X3)",
+                "ring unmapped: not walked at restore, its stores are (X3)",
                 |a| a.buffer_base = 0x7000_0000,
-                Some(GuestFault::PageFault {
-                    address: 0x7000_0000,
-                    error_code: PF_USER,
-                }),
+                None,
+                0x2,
             ),
         ];
-        for (name, breaker, want) in table {
+        for (name, breaker, want, flags) in table {
             let mut area = good;
             breaker(&mut area);
             let mut u = LwpUnit::new(*r.unit.caps());
             let got = u.restore_xsave(&mut r.mem, &area);
             assert_eq!(got.err(), want, "{name}");
             if want.is_none() {
-                assert_eq!(u.block().unwrap().flags.bits(), 0xE000_0062, "{name}");
+                assert_eq!(u.block().unwrap().flags.bits(), flags, "{name}");
             } else {
                 assert_eq!(u.cbaddr(), 0, "{name}: nothing loaded");
             }

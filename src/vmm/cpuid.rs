@@ -67,6 +67,7 @@ pub fn build(
     features.set(PvFeatures::REGS_CALLS, has_lwp && shim);
     features.set(PvFeatures::THRESHOLD_LINES, has_lwp && shim);
     features.set(PvFeatures::EXEC_MAPPINGS, has_lwp && shim);
+    features.set(PvFeatures::RESTORE_RING_AT_STORE, has_lwp);
     table.push(CpuidEntry {
         leaf: LEAF_PV_BASE,
         subleaf: 0,
@@ -202,6 +203,10 @@ mod tests {
             assert_eq!(f.contains(PvFeatures::THRESHOLD_LINES), want.1 > 0);
             assert_eq!(f.contains(PvFeatures::REGS_CALLS), want.1 > 0);
             assert_eq!(f.contains(PvFeatures::EXEC_MAPPINGS), want.1 > 0);
+            assert_eq!(
+                f.contains(PvFeatures::RESTORE_RING_AT_STORE),
+                profile != LwpProfile::Off
+            );
         }
         assert!(
             t.windows(2)

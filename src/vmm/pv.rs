@@ -60,6 +60,11 @@ bitflags! {
         /// The guest names the executable mappings of an address space
         /// (state-call operation 9), for the host-side trace.
         const EXEC_MAPPINGS = 1 << 7;
+        /// The restore call (state-call operation 2) checks the image's
+        /// LWPCB but walks no ring page: a bad ring page shows at its
+        /// first store, and a switch costs the same for any ring size.
+        /// Without this bit, a restore also refused a ring that faults.
+        const RESTORE_RING_AT_STORE = 1 << 8;
     }
 }
 
