@@ -272,21 +272,21 @@ fn logged_ms(stderr: &str, marker: &str) -> f64 {
     after.split(' ').next().unwrap().parse().unwrap()
 }
 
-fn snapshots() {
-    let dir = std::env::temp_dir().join(format!("lwpvmm-bench-{}-snapshot", std::process::id()));
+/// A snapshot of the replay guest with `mib` MiB of RAM, taken at its
+/// snapshot point after it wrote `fill` MiB; returns the directory and
+/// lwpvmm's log.
+fn snapshot_of(name: &str, mib: u32, fill: u32, touch: u32) -> (PathBuf, String) {
+    let dir = std::env::temp_dir().join(format!("lwpvmm-bench-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let elf = std::env::temp_dir().join(format!("lwpvmm-bench-{}-replay.elf", std::process::id()));
     std::fs::write(&elf, lwpvmm::guests::get("replay").expect("guest")).unwrap();
     let run = Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
         .env("RUST_LOG", "info")
+        .args(["run", "--kernel", elf.to_str().unwrap()])
+        .args(["--memory", &mib.to_string()])
         .args([
-            "run",
-            "--kernel",
-            elf.to_str().unwrap(),
-            "--memory",
-            "256",
             "--cmdline",
-            "iterations=20000 snap=10000",
+            &format!("iterations=20000 snap=10000 fill={fill} touch={touch}"),
         ])
         .args([
             "--snapshot-dir",
@@ -295,24 +295,87 @@ fn snapshots() {
         ])
         .output()
         .expect("run");
-    let taken = logged_ms(&String::from_utf8_lossy(&run.stderr), "snapshot written");
-    let restore = Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
-        .env("RUST_LOG", "info")
-        .args(["restore", dir.to_str().unwrap()])
-        .output()
-        .expect("restore");
-    let restored = logged_ms(&String::from_utf8_lossy(&restore.stderr), "restored");
-    let size = |f: &str| std::fs::metadata(dir.join(f)).map_or(0, |m| m.len());
-    println!("snapshot of a 256 MiB guest (replay guest, mid-run):");
-    println!("  pause + save + resume   {taken:>8.1} ms");
-    println!("  restore (until vCPUs run) {restored:>6.1} ms");
-    println!(
-        "  size: state {} bytes, memory {} MiB",
-        size(lwpvmm::vmm::snapshot::STATE_FILE),
-        size(lwpvmm::vmm::snapshot::MEMORY_FILE) >> 20
-    );
-    let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_file(elf);
+    (dir, String::from_utf8_lossy(&run.stderr).into_owned())
+}
+
+/// Milliseconds until a restore of `dir` runs its vCPUs (the median of
+/// five), and the last run's console.
+fn restore_ms(dir: &Path, extra: &[&str]) -> (f64, String) {
+    let mut console = String::new();
+    let times = (0..5)
+        .map(|_| {
+            let out = Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
+                .env("RUST_LOG", "info")
+                .args(["restore", dir.to_str().unwrap()])
+                .args(extra)
+                .output()
+                .expect("restore");
+            console = String::from_utf8_lossy(&out.stdout).into_owned();
+            logged_ms(&String::from_utf8_lossy(&out.stderr), "restored")
+        })
+        .collect();
+    (median(times), console)
+}
+
+fn snapshots() {
+    let (small, _) = snapshot_of("64m", 64, 0, 0);
+    let (big, _) = snapshot_of("1g", 1024, 0, 0);
+    let (mid, log) = snapshot_of("256m", 256, 0, 0);
+    let (r64, _) = restore_ms(&small, &[]);
+    let (r1g, _) = restore_ms(&big, &[]);
+    let (r256, _) = restore_ms(&mid, &[]);
+    let (verified, _) = restore_ms(&mid, &["--verify"]);
+    let taken = logged_ms(&log, "snapshot written");
+    println!("snapshots of the replay guest (restore: median of 5, until the vCPUs run):");
+    println!(
+        "  restore 64 MiB {r64:.1} ms, 1 GiB {r1g:.1} ms, 256 MiB {r256:.1} ms, 256 MiB --verify {verified:.1} ms"
+    );
+    println!("restore 1GiB/64MiB = {:.2}", r1g / r64);
+    println!(
+        "restore 256MiB / restore --verify 256MiB = {:.3}",
+        r256 / verified
+    );
+
+    let (touched, _) = snapshot_of("touch", 256, 0, 64);
+    let (restored, console) = restore_ms(&touched, &[]);
+    let cycles: f64 = console
+        .lines()
+        .find_map(|l| l.strip_prefix("replay: touched 64 MiB in "))
+        .and_then(|l| l.split(' ').next())
+        .and_then(|c| c.parse().ok())
+        .expect("the touch line");
+    let touch_ms = cycles / tsc_hz() * 1e3;
+    println!(
+        "  a 256 MiB guest restored, then writing a page of each 4 KiB of 64 MiB: {restored:.1} + {touch_ms:.1} ms"
+    );
+    println!(
+        "restore + touch 64MiB working set = {:.1} ms",
+        restored + touch_ms
+    );
+
+    let (filled, _) = snapshot_of("fill", 1024, 16, 0);
+    use std::os::unix::fs::MetadataExt;
+    let blocks = std::fs::metadata(filled.join(lwpvmm::vmm::snapshot::MEMORY_FILE))
+        .map_or(0, |m| m.blocks() * 512);
+    println!(
+        "  a 1 GiB guest that wrote 16 MiB: memory file {} MiB long, {:.1} MiB allocated",
+        1024,
+        blocks as f64 / f64::from(1 << 20)
+    );
+    println!(
+        "snapshot file blocks / touched = {:.2}",
+        blocks as f64 / f64::from(16 << 20)
+    );
+    println!(
+        "diff after 1MiB touched: written = not built (no --snapshot-diff yet; a full snapshot writes the guest's non-zero pages)"
+    );
+    let pause = logged_ms(&log, "snapshot written");
+    println!("  256 MiB guest: the VM stays paused while the files are written ({taken:.1} ms)");
+    println!("pause time = {pause:.1} ms");
+    for d in [small, big, mid, touched, filled] {
+        let _ = std::fs::remove_dir_all(d);
+    }
 }
 
 /// One run of the throughput guest.

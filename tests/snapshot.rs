@@ -131,6 +131,39 @@ fn snapshot_restore_and_refusals() {
         !text.contains("replay: step 0\n") && text.contains("replay: step 15000\n"),
         "the restored run resumed at iteration 15000:\n{text}"
     );
+    // The memory file is mapped copy-on-write: the first restore's guest
+    // changed nothing of it, so the same snapshot restores again to the
+    // same end, also with the whole file checked first.
+    for extra in [&[][..], &["--verify"][..]] {
+        let mut args = vec!["restore", snap];
+        args.extend_from_slice(extra);
+        let again = lwpvmm(&args);
+        assert_eq!(again.status.code(), Some(1), "{extra:?}: {again:?}");
+        assert_eq!(digest(&again), digest(&plain), "{extra:?}: restored twice");
+    }
+    // Pages of zeros are holes: a 64 MiB guest that touched little takes
+    // little disk.
+    use std::os::unix::fs::MetadataExt;
+    let memory = std::fs::metadata(dir.join(MEMORY_FILE)).unwrap();
+    assert_eq!(memory.len(), 64 << 20);
+    assert!(
+        memory.blocks() * 512 < 16 << 20,
+        "{} bytes allocated",
+        memory.blocks() * 512
+    );
+
+    // A byte of guest memory changed on disk: --verify refuses it before
+    // anything runs.
+    let bad = copy_dir(&dir, "verify");
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(bad.join(MEMORY_FILE))
+        .unwrap();
+    let mut byte = [0u8; 1];
+    std::os::unix::fs::FileExt::read_exact_at(&file, &mut byte, 0x10_0000).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&file, &[byte[0] ^ 0xff], 0x10_0000).unwrap();
+    refused(&bad, &["--verify"], "CRC-64");
 
     // A payload byte flipped: the checksum catches it.
     let bad = copy_dir(&dir, "crc");
@@ -142,7 +175,7 @@ fn snapshot_restore_and_refusals() {
 
     // A newer format version, and the older one this lwpvmm no longer reads.
     for (version, want) in [
-        (5, "format version 5 is not supported"),
+        (6, "format version 6 is not supported"),
         (3, "restore it with the lwpvmm that wrote it"),
     ] {
         let bad = copy_dir(&dir, "version");
@@ -195,7 +228,7 @@ fn snapshot_restore_and_refusals() {
     refused(&work, &[], "state.bin");
 
     for d in [
-        "guest", "snap", "crc", "version", "profile", "lwpcb", "memory",
+        "guest", "snap", "crc", "version", "profile", "lwpcb", "memory", "verify",
     ] {
         let _ = std::fs::remove_dir_all(
             std::env::temp_dir().join(format!("lwpvmm-snapshot-test-{}-{d}", std::process::id())),
@@ -324,4 +357,62 @@ fn a_timer_and_sigusr2_take_snapshots_while_running() {
     let state = snapshot::read_state(&dir).unwrap();
     assert_eq!(state.memory.regions, vec![(0, 32 << 20)]);
     let _ = std::fs::remove_dir_all(work);
+}
+
+/// The memory file truncated underneath a restored VM (which maps it):
+/// lwpvmm does not die of SIGBUS or report the guest's confusion as its
+/// own; it names the truncation and exits with status 2.
+#[test]
+fn a_memory_file_truncated_underneath_is_named() {
+    let work = scratch("truncated-guest");
+    let elf = work.join("replay.elf");
+    std::fs::write(&elf, lwpvmm::guests::get("replay").unwrap()).unwrap();
+    let dir = scratch("truncated");
+    let taken = lwpvmm(&[
+        "run",
+        "--kernel",
+        elf.to_str().unwrap(),
+        "--memory",
+        "256",
+        // After the snapshot point the guest writes every page of 192 MiB:
+        // about a second of page-ins, long after the truncation below.
+        "--cmdline",
+        "iterations=20000 snap=10000 touch=192",
+        "--snapshot-dir",
+        dir.to_str().unwrap(),
+        "--snapshot-on-port",
+    ]);
+    assert_eq!(taken.status.code(), Some(1), "{taken:?}");
+    let mut restore = Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
+        .env("RUST_LOG", "info")
+        .args(["restore", dir.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run lwpvmm restore");
+    // Once the VM runs from the mapped file.
+    let mut err = String::new();
+    let mut lines = BufReader::new(restore.stderr.take().unwrap()).lines();
+    for line in lines.by_ref().map_while(Result::ok) {
+        err.push_str(&line);
+        err.push('\n');
+        if line.contains("restored in") {
+            break;
+        }
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.join(MEMORY_FILE))
+        .unwrap()
+        .set_len(1 << 20)
+        .unwrap();
+    for line in lines.map_while(Result::ok) {
+        err.push_str(&line);
+        err.push('\n');
+    }
+    let status = restore.wait().unwrap();
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(err.contains("was truncated while the VM ran"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&work);
 }

@@ -248,6 +248,11 @@ pub struct RestoreArgs {
     /// Refuse the snapshot unless it was taken with this LWP profile.
     #[arg(long, value_enum)]
     pub lwp: Option<ProfileArg>,
+    /// Read the whole memory file and check its CRC-64 before the guest
+    /// runs (by default the file is mapped and its pages read as the guest
+    /// first touches them; docs/snapshot.md).
+    #[arg(long)]
+    pub verify: bool,
     /// Console, metrics, snapshots of the restored VM, seccomp.
     #[command(flatten)]
     pub host: HostArgs,
@@ -539,6 +544,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
             let config = RestoreConfig {
                 dir: args.dir.clone(),
                 profile: args.lwp.map(Into::into),
+                verify: args.verify,
                 host: api_host(&args.host, None)?,
             };
             finish(vmm::restore(&config)?)

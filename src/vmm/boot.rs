@@ -83,6 +83,9 @@ pub enum BootError {
     /// The mmap of guest RAM failed.
     #[error("cannot allocate {0} MiB of guest memory: {1}")]
     MemoryAlloc(u64, vm_memory::mmap::FromRangesError),
+    /// A snapshot's memory file could not be mapped.
+    #[error("cannot map the snapshot's memory file: {0}")]
+    MemoryFile(std::io::Error),
     /// The image is neither an ELF64 kernel nor a bzImage.
     #[error("the kernel is neither an x86-64 ELF nor a Linux bzImage ({elf}; {bzimage})")]
     KernelFormat {
@@ -169,6 +172,38 @@ pub fn ram_ranges(mib: u64) -> Result<Vec<(GuestAddress, usize)>, BootError> {
 /// Allocates guest RAM.
 pub fn create_memory(mib: u64) -> Result<GuestMemory, BootError> {
     GuestMemory::from_ranges(&ram_ranges(mib)?).map_err(|e| BootError::MemoryAlloc(mib, e))
+}
+
+/// Guest RAM of `mib` MiB mapped from a snapshot's memory file (see
+/// [`map_file`]).
+pub fn memory_from_file(mib: u64, file: &std::fs::File) -> Result<GuestMemory, BootError> {
+    map_file(&ram_ranges(mib)?, file).map_err(BootError::MemoryFile)
+}
+
+/// Guest RAM of `ranges` mapped private and copy-on-write from `file`, the
+/// ranges one after the other from its start: pages are read when first
+/// touched, and the guest's writes never reach the file.
+pub fn map_file(
+    ranges: &[(GuestAddress, usize)],
+    file: &std::fs::File,
+) -> Result<GuestMemory, std::io::Error> {
+    let mut regions = Vec::with_capacity(ranges.len());
+    let mut offset = 0u64;
+    for &(start, size) in ranges {
+        let region = vm_memory::MmapRegion::<()>::build(
+            Some(vm_memory::FileOffset::new(file.try_clone()?, offset)),
+            size,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_NORESERVE,
+        )
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+        regions.push(
+            vm_memory::GuestRegionMmap::new(region, start)
+                .ok_or_else(|| std::io::Error::other("a region overflows"))?,
+        );
+        offset += size as u64;
+    }
+    GuestMemory::from_regions(regions).map_err(|e| std::io::Error::other(e.to_string()))
 }
 
 /// What loading put in memory.

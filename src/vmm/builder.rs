@@ -67,6 +67,7 @@ pub fn build_for_boot(config: &VmConfig) -> Result<Vmm, VmError> {
         |out, irq| Ok(PortBus::new(out, irq)),
         &[],
         backend_for(&kvm, config.profile, config.guest),
+        None,
     )?;
     let virtio = VirtioBus::create(
         &machine.vm,
@@ -138,6 +139,11 @@ pub fn build_from_snapshot(config: &RestoreConfig) -> Result<Vmm, VmError> {
         profile: snap.profile,
         guest: snap.guest,
     };
+    let memory_file = snapshot::open_memory(&config.dir, &snap.memory)?;
+    super::signals::exit_on_memory_file_sigbus().map_err(|e| VmError::Signal {
+        what: "SIGBUS",
+        source: e.into(),
+    })?;
     let saved: Vec<_> = snap.vcpus.iter().map(|v| v.lwp.as_ref()).collect();
     let serial_state = snap.serial.clone();
     let pm_state = snap.pm;
@@ -152,8 +158,12 @@ pub fn build_from_snapshot(config: &RestoreConfig) -> Result<Vmm, VmError> {
         },
         &saved,
         backend_for(&kvm, snap.profile, snap.guest),
+        Some(&memory_file),
     )?;
-    snapshot::read_memory(&config.dir, &machine.mem, &snap.memory)?;
+    snapshot::check_layout(&machine.mem, &snap.memory)?;
+    if config.verify {
+        snapshot::verify_memory(&machine.mem, &snap.memory)?;
+    }
     for (vcpu, saved) in machine.vcpus.iter_mut().zip(&snap.vcpus) {
         check_lwpcb(&machine.mem, vcpu, saved)?;
         vcpu_state::apply(vcpu.kvm_fd(), saved, machine.xsave_size)
@@ -277,6 +287,7 @@ fn probe_step_backend(kvm: &Kvm) -> Result<StepBackend, VmError> {
         Box::new(std::io::sink()),
         |out, irq| Ok(PortBus::new(out, irq)),
         &[],
+        None,
         None,
     )?;
     let probe = crate::guests::get("stepprobe").unwrap_or_default();

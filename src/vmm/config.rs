@@ -70,6 +70,10 @@ pub struct RestoreConfig {
     /// The profile the caller expects, if any: a snapshot taken with
     /// another is refused.
     pub profile: Option<LwpProfile>,
+    /// Read the whole memory file and check its CRC-64 before the VM runs
+    /// (`restore --verify`); without it pages are read as the guest
+    /// touches them.
+    pub verify: bool,
     /// Console, snapshots of the restored VM, seccomp, signals, sampler and
     /// trace.
     pub host: HostConfig,

@@ -417,9 +417,10 @@ impl Control {
             total_time: started.elapsed(),
         };
         log::info!(
-            "snapshot written to {} for {why} in {:.1} ms ({state_bytes} bytes of state, {memory_bytes} bytes of memory)",
+            "snapshot written to {} for {why} in {:.1} ms, the VM paused throughout ({:.1} ms of it to pause the vCPUs; {state_bytes} bytes of state, {memory_bytes} bytes of memory)",
             dir.display(),
-            info.total_time.as_secs_f64() * 1e3
+            info.total_time.as_secs_f64() * 1e3,
+            info.pause_time.as_secs_f64() * 1e3
         );
         Ok(info)
     }

@@ -101,6 +101,7 @@ pub fn create(
     bus: impl FnOnce(Box<dyn Write + Send>, EventFd) -> Result<PortBus, VmError>,
     saved: &[Option<&LwpState>],
     backend: Option<StepBackend>,
+    memory_file: Option<&std::fs::File>,
 ) -> Result<Machine, VmError> {
     let max = kvm.get_max_vcpus().min(MAX_XAPIC_VCPUS);
     if spec.vcpus == 0 || usize::from(spec.vcpus) > max {
@@ -110,7 +111,10 @@ pub fn create(
         });
     }
     let vm = Arc::new(kvm.create_vm().map_err(setup("KVM_CREATE_VM"))?);
-    let mem = Arc::new(boot::create_memory(spec.memory_mib)?);
+    let mem = Arc::new(match memory_file {
+        Some(file) => boot::memory_from_file(spec.memory_mib, file)?,
+        None => boot::create_memory(spec.memory_mib)?,
+    });
     register_memory(&vm, &mem)?;
     vm.set_tss_address(TSS_ADDRESS)
         .map_err(setup("KVM_SET_TSS_ADDR"))?;

@@ -45,7 +45,22 @@ pub fn run(config: &VmConfig) -> Result<RunOutcome, VmError> {
     build_for_boot(config)?.run()
 }
 
-/// Restores the snapshot of `config.dir` and runs the VM to its end.
+/// Restores the snapshot of `config.dir` and runs the VM to its end. The
+/// guest's RAM maps the memory file: if the file shrank while the VM ran
+/// (another program truncated it), that is the error, whatever the guest
+/// made of the pages it lost. (A file removed or renamed over is no harm:
+/// the mapping keeps the inode it mapped.)
 pub fn restore(config: &RestoreConfig) -> Result<RunOutcome, VmError> {
-    build_from_snapshot(config)?.run()
+    let memory = config.dir.join(snapshot::MEMORY_FILE);
+    let before = std::fs::metadata(&memory).map(|m| m.len()).ok();
+    let outcome = build_from_snapshot(config)?.run();
+    let after = std::fs::metadata(&memory).map(|m| m.len()).ok();
+    match (before, after) {
+        (Some(b), Some(a)) if a < b => Err(snapshot::SnapshotError::Memory(format!(
+            "{} was truncated while the VM ran ({b} bytes at the start, {a} now): the guest lost the pages it had not touched yet, so the run is not valid",
+            memory.display()
+        ))
+        .into()),
+        _ => outcome,
+    }
 }

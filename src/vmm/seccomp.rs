@@ -107,6 +107,10 @@ const CONTROL: &[i64] = &[
     libc::SYS_pwrite64,
     libc::SYS_read,
     libc::SYS_recvfrom,
+    // A new memory file replaces the old one, which a restored VM maps.
+    libc::SYS_rename,
+    libc::SYS_renameat,
+    libc::SYS_renameat2,
     libc::SYS_statx,
     libc::SYS_tgkill,
     // The sampler's rate set at run time (`PATCH /capture`).

@@ -85,3 +85,30 @@ pub fn name(signal: i32) -> &'static str {
         _ => "a signal",
     }
 }
+
+/// What a SIGBUS means for a VM restored from a mapped memory file: a page
+/// lwpvmm touched lies past the file's end, because something truncated
+/// the file underneath.
+const SIGBUS_MESSAGE: &[u8] = b"lwpvmm: SIGBUS: the snapshot's memory file this VM maps was truncated or replaced in place while the VM ran; lwpvmm stops (docs/snapshot.md)\n";
+
+extern "C" fn memory_file_sigbus(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    // SAFETY: write(2) and _exit(2) are async-signal-safe; the message is a
+    // static byte string, and nothing else is touched. Returning would
+    // retry the faulting access forever.
+    unsafe {
+        libc::write(
+            libc::STDERR_FILENO,
+            SIGBUS_MESSAGE.as_ptr().cast(),
+            SIGBUS_MESSAGE.len(),
+        );
+        libc::_exit(2);
+    }
+}
+
+/// Makes a SIGBUS end the process with status 2 and a message naming the
+/// memory file, instead of a crash without one: a restored VM's RAM is a
+/// private mapping of that file, and a page past an end that another
+/// process truncated raises SIGBUS when lwpvmm reads it.
+pub fn exit_on_memory_file_sigbus() -> Result<(), vmm_sys_util::errno::Error> {
+    vmm_sys_util::signal::register_signal_handler(libc::SIGBUS, memory_file_sigbus)
+}

@@ -5,7 +5,8 @@
 //! docs/snapshot.md describes the format and its version rules.
 
 use std::fs::File;
-use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::io::{self, BufReader, Read};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use crc::{CRC_64_ECMA_182, Crc};
@@ -30,12 +31,17 @@ pub const STATE_FILE: &str = "state.bin";
 pub const MEMORY_FILE: &str = "memory.bin";
 /// The state file's first eight bytes.
 pub const MAGIC: [u8; 8] = *b"LWPVMMST";
-/// The format version this lwpvmm writes and reads: 4 adds the virtio
+/// The format version this lwpvmm writes: 5 makes the memory file sparse
+/// (pages of zeros are holes) and restores map it instead of reading it,
+/// checking its CRC-64 only with `restore --verify`; 4 adds the virtio
 /// devices (what each was built from, its registers and queues); 3 is the
 /// machine with ACPI tables, a CPUID topology and the ACPI PM registers;
 /// 2 added each vCPU's whole LWP state and named the profile and guest
 /// kind as enums.
-pub const FORMAT_VERSION: u32 = 4;
+pub const FORMAT_VERSION: u32 = 5;
+/// The versions this lwpvmm reads: a version-4 memory file is a version-5
+/// one without holes.
+const READABLE_VERSIONS: [u32; 2] = [4, FORMAT_VERSION];
 const HEADER_LEN: usize = 8 + 4 + 4 + 8 + 8;
 /// The largest state payload accepted (it is JSON of a few KiB per vCPU).
 const MAX_PAYLOAD: u64 = 64 << 20;
@@ -57,7 +63,7 @@ pub enum SnapshotError {
     BadMagic(PathBuf),
     /// A format version this lwpvmm does not read.
     #[error(
-        "snapshot format version {found} is not supported: this lwpvmm reads version {FORMAT_VERSION}{}",
+        "snapshot format version {found} is not supported: this lwpvmm reads versions 4 and {FORMAT_VERSION}{}",
         if *.found < FORMAT_VERSION { " (restore it with the lwpvmm that wrote it)" } else { "" }
     )]
     Version {
@@ -271,7 +277,7 @@ pub fn decode(bytes: &[u8], path: &Path) -> Result<VmSnapshot, SnapshotError> {
         u64::from_le_bytes(b)
     };
     let version = u32_at(8);
-    if version != FORMAT_VERSION {
+    if !READABLE_VERSIONS.contains(&version) {
         return Err(SnapshotError::Version { found: version });
     }
     let len = u64_at(16);
@@ -319,14 +325,20 @@ pub fn layout(mem: &GuestMemory) -> Vec<(u64, u64)> {
 
 const CHUNK: usize = 1 << 20;
 
-/// Writes guest RAM to the memory file; returns (CRC-64, bytes).
+/// The page size of the memory file's holes.
+const PAGE: usize = 4096;
+
+/// Writes guest RAM to the memory file; returns (CRC-64, bytes). Pages of
+/// zeros are holes (a sparse file: a guest that touched little takes
+/// little disk). The file is written beside the old one and renamed over
+/// it, so a VM restored from the old one, which maps it, keeps its pages.
 pub fn write_memory(dir: &Path, mem: &GuestMemory) -> Result<(u64, u64), SnapshotError> {
     let path = dir.join(MEMORY_FILE);
-    let file = File::create(&path).map_err(io_err(&path))?;
-    let mut out = BufWriter::with_capacity(CHUNK, file);
+    let part = dir.join(format!("{MEMORY_FILE}.part"));
+    let file = File::create(&part).map_err(io_err(&part))?;
     let mut digest = CRC.digest();
     let mut buf = vec![0u8; CHUNK];
-    let mut total = 0u64;
+    let mut at = 0u64;
     for (start, size) in layout(mem) {
         let mut done = 0u64;
         while done < size {
@@ -335,27 +347,26 @@ pub fn write_memory(dir: &Path, mem: &GuestMemory) -> Result<(u64, u64), Snapsho
             mem.read_slice(chunk, GuestAddress(start + done))
                 .map_err(|e| SnapshotError::Memory(e.to_string()))?;
             digest.update(chunk);
-            out.write_all(chunk).map_err(io_err(&path))?;
+            for (i, page) in chunk.chunks(PAGE).enumerate() {
+                if page.iter().any(|&b| b != 0) {
+                    file.write_all_at(page, at + (i * PAGE) as u64)
+                        .map_err(io_err(&part))?;
+                }
+            }
+            at += n as u64;
             done += n as u64;
         }
-        total += size;
     }
-    out.flush().map_err(io_err(&path))?;
-    Ok((digest.finalize(), total))
+    file.set_len(at).map_err(io_err(&part))?;
+    drop(file);
+    std::fs::rename(&part, &path).map_err(io_err(&path))?;
+    Ok((digest.finalize(), at))
 }
 
-/// Loads the memory file into `mem`, checking its size and CRC-64 against
-/// the recorded layout.
-pub fn read_memory(
-    dir: &Path,
-    mem: &GuestMemory,
-    recorded: &MemoryLayout,
-) -> Result<(), SnapshotError> {
-    if layout(mem) != recorded.regions {
-        return Err(SnapshotError::Memory(
-            "the region layout does not match".into(),
-        ));
-    }
+/// Opens the memory file to map it: it must have exactly the size the
+/// recorded layout needs, so that no page of the mapping lies past its end
+/// (which would be SIGBUS when touched).
+pub fn open_memory(dir: &Path, recorded: &MemoryLayout) -> Result<File, SnapshotError> {
     let path = dir.join(MEMORY_FILE);
     let file = File::open(&path).map_err(io_err(&path))?;
     let total: u64 = recorded.regions.iter().map(|r| r.1).sum();
@@ -365,7 +376,22 @@ pub fn read_memory(
             "{len} bytes, the layout needs {total}"
         )));
     }
-    let mut input = BufReader::with_capacity(CHUNK, file);
+    Ok(file)
+}
+
+/// Checks that `mem`, mapped from the memory file, has the recorded layout.
+pub fn check_layout(mem: &GuestMemory, recorded: &MemoryLayout) -> Result<(), SnapshotError> {
+    if layout(mem) != recorded.regions {
+        return Err(SnapshotError::Memory(
+            "the region layout does not match".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// `restore --verify`: reads all of guest memory (the mapped file) and
+/// checks its CRC-64 against the state file's.
+pub fn verify_memory(mem: &GuestMemory, recorded: &MemoryLayout) -> Result<(), SnapshotError> {
     let mut digest = CRC.digest();
     let mut buf = vec![0u8; CHUNK];
     for &(start, size) in &recorded.regions {
@@ -373,10 +399,9 @@ pub fn read_memory(
         while done < size {
             let n = (size - done).min(CHUNK as u64) as usize;
             let chunk = &mut buf[..n];
-            input.read_exact(chunk).map_err(io_err(&path))?;
-            digest.update(chunk);
-            mem.write_slice(chunk, GuestAddress(start + done))
+            mem.read_slice(chunk, GuestAddress(start + done))
                 .map_err(|e| SnapshotError::Memory(e.to_string()))?;
+            digest.update(chunk);
             done += n as u64;
         }
     }
@@ -459,22 +484,47 @@ mod tests {
             regions: super::layout(&mem),
             crc64,
         };
-        let fresh = GuestMemory::from_ranges(&[(GuestAddress(0), 2 << 20)]).unwrap();
-        read_memory(&dir, &fresh, &layout).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        let blocks = std::fs::metadata(dir.join(MEMORY_FILE)).unwrap().blocks() * 512;
+        assert!(blocks <= 64 << 10, "one page of data takes {blocks} bytes");
+        let map = || {
+            let file = open_memory(&dir, &layout).unwrap();
+            crate::vmm::boot::map_file(&[(GuestAddress(0), 2 << 20)], &file).unwrap()
+        };
+        let fresh = map();
+        check_layout(&fresh, &layout).unwrap();
+        verify_memory(&fresh, &layout).unwrap();
         assert_eq!(fresh.read_obj::<u64>(GuestAddress(0x1234)).unwrap(), 0xfeed);
+        // Copy-on-write: the restored guest's writes never reach the file,
+        // so the snapshot restores again as it was.
+        fresh.write_obj(0xbad_u64, GuestAddress(0x1234)).unwrap();
+        let again = map();
+        assert_eq!(again.read_obj::<u64>(GuestAddress(0x1234)).unwrap(), 0xfeed);
+        // A new snapshot replaces the file: the mapping keeps the old pages.
+        again.write_obj(0x5eed_u64, GuestAddress(0x1234)).unwrap();
+        write_memory(&dir, &again).unwrap();
+        assert_eq!(fresh.read_obj::<u64>(GuestAddress(0x1234)).unwrap(), 0xbad);
         let bad = MemoryLayout {
             crc64: crc64 ^ 1,
             ..layout.clone()
         };
         assert!(matches!(
-            read_memory(&dir, &fresh, &bad),
+            verify_memory(&again, &bad),
             Err(SnapshotError::Memory(_))
         ));
         let small = GuestMemory::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
         assert!(matches!(
-            read_memory(&dir, &small, &layout),
+            check_layout(&small, &layout),
             Err(SnapshotError::Memory(_))
         ));
+        let short = MemoryLayout {
+            regions: vec![(0, 4 << 20)],
+            crc64,
+        };
+        assert!(
+            matches!(open_memory(&dir, &short), Err(SnapshotError::Memory(_))),
+            "a file shorter than the layout is refused before it is mapped"
+        );
         std::fs::remove_dir_all(dir).unwrap();
     }
 }
