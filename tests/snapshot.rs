@@ -416,3 +416,72 @@ fn a_memory_file_truncated_underneath_is_named() {
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir_all(&work);
 }
+
+/// Diff snapshots: a full one at the first snapshot point, a diff of what
+/// the guest (1 MiB it writes, its ring) and lwpvmm (the records it
+/// stored) wrote since at the second. Restoring the diff follows the chain
+/// to the full one and ends as the uninterrupted run does, twice; the diff
+/// takes a fraction of the full one's disk; a parent replaced since is
+/// refused.
+#[test]
+fn diff_snapshots_restore_through_their_chain() {
+    let work = scratch("diff-guest");
+    let elf = work.join("replay.elf");
+    std::fs::write(&elf, lwpvmm::guests::get("replay").unwrap()).unwrap();
+    let kernel = elf.to_str().unwrap();
+    let cmdline = "iterations=20000 snap=10000 snap2=15000 touch=1";
+    let plain = lwpvmm(&[
+        "run",
+        "--kernel",
+        kernel,
+        "--memory",
+        "64",
+        "--cmdline",
+        cmdline,
+    ]);
+    assert_eq!(plain.status.code(), Some(1), "{plain:?}");
+    let dir = scratch("diff");
+    let taken = lwpvmm(&[
+        "run",
+        "--kernel",
+        kernel,
+        "--memory",
+        "64",
+        "--cmdline",
+        cmdline,
+        "--snapshot-dir",
+        dir.to_str().unwrap(),
+        "--snapshot-diff",
+        "--snapshot-on-port",
+    ]);
+    assert_eq!(taken.status.code(), Some(1), "{taken:?}");
+    assert_eq!(digest(&taken), digest(&plain));
+    let (full, diff) = (dir.join("0"), dir.join("1"));
+    let state = snapshot::read_state(&diff).unwrap();
+    let parent = state.memory.parent.expect("the second snapshot is a diff");
+    assert_eq!(parent.dir, std::path::absolute(&full).unwrap());
+    assert!(snapshot::read_state(&full).unwrap().memory.parent.is_none());
+    use std::os::unix::fs::MetadataExt;
+    let allocated = |d: &Path| std::fs::metadata(d.join(MEMORY_FILE)).unwrap().blocks() * 512;
+    assert!(
+        allocated(&diff) <= 2 << 20,
+        "the diff of 1 MiB written takes {} bytes",
+        allocated(&diff)
+    );
+    for (which, d) in [("diff", &diff), ("diff again", &diff), ("full", &full)] {
+        let restored = lwpvmm(&["restore", d.to_str().unwrap()]);
+        assert_eq!(restored.status.code(), Some(1), "{which}: {restored:?}");
+        assert_eq!(digest(&restored), digest(&plain), "{which}");
+    }
+    let verified = lwpvmm(&["restore", diff.to_str().unwrap(), "--verify"]);
+    assert_eq!(digest(&verified), digest(&plain), "--verify");
+
+    // The full snapshot's state rewritten (another snapshot there): the
+    // diff no longer fits on it.
+    let mut base = snapshot::read_state(&full).unwrap();
+    base.lwpvmm_version.push_str("-edited");
+    snapshot::write_state(&full, &base).unwrap();
+    refused(&diff, &[], "was replaced since its diff was taken");
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&work);
+}

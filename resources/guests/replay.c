@@ -10,7 +10,8 @@
  * For the snapshot benchmark, `fill=MiB` writes every page of that many
  * MiB from 32 MiB on before the snapshot point (what the guest touched),
  * and `touch=MiB` writes every page of that many MiB after it (a restored
- * guest's working set), printing the TSC cycles that took. */
+ * guest's working set), printing the TSC cycles that took; `snap2=N`
+ * writes to the snapshot port again at iteration N (a diff snapshot). */
 #include <x86intrin.h>
 #include "lib.h"
 #include "lwp.h"
@@ -52,6 +53,7 @@ int main(void)
     u64 snap = cmdline_number("snap", ~0ull);
     u64 fill = cmdline_number("fill", 0);
     u64 touch = cmdline_number("touch", 0);
+    u64 snap2 = cmdline_number("snap2", ~0ull);
     puts("replay: starting\n");
     cb.flags = LWP_VAL;
     if (cmdline_number("precise", 0)) {
@@ -78,6 +80,8 @@ int main(void)
                 puts(" cycles\n");
             }
         }
+        if (i == snap2)
+            __asm__ volatile("outb %%al, $0x5a" : : "a"(0) : "memory");
         __lwpval32((u32)(i * 3), (u32)i, 1);
         if (i % 7 == 0)
             __lwpins32((u32)i, 0x55, 2);

@@ -178,6 +178,13 @@ pub struct HostArgs {
     /// `--initramfs` unless given).
     #[arg(long, value_name = "DIR|INITRAMFS")]
     pub sysroot: Option<PathBuf>,
+    /// Diff snapshots: track the pages written, and write the snapshots of
+    /// --snapshot-dir DIR to DIR/0 (full), DIR/1, DIR/2, ... (each only
+    /// the pages written since the one before); with the API,
+    /// `"snapshot_type": "Diff"`. Restore the newest: lwpvmm follows the
+    /// chain (docs/snapshot.md).
+    #[arg(long)]
+    pub snapshot_diff: bool,
     /// For tests: take a snapshot whenever the guest writes to the snapshot
     /// debug port 0x5A (docs/pv-abi.md), at that exact point (needs
     /// --snapshot-dir).
@@ -221,6 +228,7 @@ impl From<&HostArgs> for HostConfig {
                 dir: a.snapshot_dir.clone(),
                 after: a.snapshot_after.map(std::time::Duration::from_millis),
                 on_port: a.snapshot_on_port,
+                diff: a.snapshot_diff,
             },
             seccomp: a.seccomp(),
             stop_on_signals: true,

@@ -14,5 +14,7 @@ pub use error::{GuardError, Level};
 pub use paging::{Access, Paging, PagingCaps, Translation};
 pub use view::GuestView;
 
-/// The guest memory type the VMM uses.
-pub type GuestMemory = vm_memory::GuestMemoryMmap<()>;
+/// The guest memory type the VMM uses. Each region keeps a bitmap of the
+/// pages lwpvmm itself wrote (vm-memory marks it on every write), which
+/// diff snapshots merge with KVM's dirty log of the guest's own writes.
+pub type GuestMemory = vm_memory::GuestMemoryMmap<vm_memory::bitmap::AtomicBitmap>;

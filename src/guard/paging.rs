@@ -7,6 +7,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use vm_memory::bitmap::Bitmap;
 use vm_memory::{
     Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion, VolatileMemory,
 };
@@ -475,7 +476,11 @@ fn atomic_entry<T>(mem: &GuestMemory, gpa: u64, f: impl FnOnce(&AtomicU64) -> T)
         .get_slice(vm_memory::MemoryRegionAddress(offset), 8)
         .ok()?;
     let atomic = slice.get_atomic_ref::<AtomicU64>(0).ok()?;
-    Some(f(atomic))
+    let done = f(atomic);
+    // An atomic reference bypasses vm-memory's dirty marking: the entry's
+    // Accessed/Dirty update is a write the diff snapshots must see.
+    region.bitmap().mark_dirty(offset as usize, 8);
+    Some(done)
 }
 
 /// The entry the walk for `address` uses at `level`, read without side

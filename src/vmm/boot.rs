@@ -190,7 +190,7 @@ pub fn map_file(
     let mut regions = Vec::with_capacity(ranges.len());
     let mut offset = 0u64;
     for &(start, size) in ranges {
-        let region = vm_memory::MmapRegion::<()>::build(
+        let region = vm_memory::MmapRegion::build(
             Some(vm_memory::FileOffset::new(file.try_clone()?, offset)),
             size,
             libc::PROT_READ | libc::PROT_WRITE,

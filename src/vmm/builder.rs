@@ -7,6 +7,7 @@
 
 use std::sync::OnceLock;
 use std::time::Instant;
+use vm_memory::GuestMemoryBackend;
 
 use kvm_ioctls::{Kvm, SyncReg, VcpuExit, VcpuFd};
 
@@ -119,7 +120,15 @@ fn boot_kernel(
 pub fn build_from_snapshot(config: &RestoreConfig) -> Result<Vmm, VmError> {
     check(&config.host)?;
     let started = Instant::now();
-    let snap = snapshot::read_state(&config.dir)?;
+    // The newest state file says everything but memory; memory is the
+    // chain's full snapshot with each diff on top, oldest first.
+    let mut chain = snapshot::chain(&config.dir)?;
+    let (_, snap, state_crc) = chain.remove(0);
+    let base = chain.pop().map(|(dir, base, _)| (dir, base));
+    let (memory_dir, memory_layout) = match &base {
+        Some((dir, b)) => (dir.clone(), b.memory.clone()),
+        None => (config.dir.clone(), snap.memory.clone()),
+    };
     if let Some(asked) = config.profile
         && asked != snap.profile
     {
@@ -139,7 +148,7 @@ pub fn build_from_snapshot(config: &RestoreConfig) -> Result<Vmm, VmError> {
         profile: snap.profile,
         guest: snap.guest,
     };
-    let memory_file = snapshot::open_memory(&config.dir, &snap.memory)?;
+    let memory_file = snapshot::open_memory(&memory_dir, &memory_layout)?;
     super::signals::exit_on_memory_file_sigbus().map_err(|e| VmError::Signal {
         what: "SIGBUS",
         source: e.into(),
@@ -160,9 +169,19 @@ pub fn build_from_snapshot(config: &RestoreConfig) -> Result<Vmm, VmError> {
         backend_for(&kvm, snap.profile, snap.guest),
         Some(&memory_file),
     )?;
-    snapshot::check_layout(&machine.mem, &snap.memory)?;
+    snapshot::check_layout(&machine.mem, &memory_layout)?;
     if config.verify {
-        snapshot::verify_memory(&machine.mem, &snap.memory)?;
+        snapshot::verify_memory(&machine.mem, &memory_layout)?;
+    }
+    if base.is_some() {
+        for (dir, diff, _) in chain.iter().rev() {
+            snapshot::apply_diff(dir, &machine.mem, &diff.memory)?;
+        }
+        snapshot::apply_diff(&config.dir, &machine.mem, &snap.memory)?;
+    }
+    // What restore wrote is the parent's content, not a change since.
+    for region in machine.mem.iter() {
+        vm_memory::MmapRegion::bitmap(region).reset();
     }
     for (vcpu, saved) in machine.vcpus.iter_mut().zip(&snap.vcpus) {
         check_lwpcb(&machine.mem, vcpu, saved)?;
@@ -181,7 +200,14 @@ pub fn build_from_snapshot(config: &RestoreConfig) -> Result<Vmm, VmError> {
         config.dir.display(),
         started.elapsed().as_secs_f64() * 1e3
     );
-    Vmm::new(machine, virtio, outputs, &config.host)
+    let mut vmm = Vmm::new(machine, virtio, outputs, &config.host)?;
+    vmm.parent = Some(snapshot::ParentRef {
+        dir: std::path::absolute(&config.dir).map_err(|e| {
+            snapshot::SnapshotError::Memory(format!("{}: {e}", config.dir.display()))
+        })?,
+        state_crc,
+    });
+    Ok(vmm)
 }
 
 /// The snapshot's vCPU count, refusing ids that are not 0..n in order.

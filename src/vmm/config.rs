@@ -152,4 +152,8 @@ pub struct SnapshotPlan {
     /// Take one whenever the guest writes to the snapshot debug port
     /// (docs/pv-abi.md): at an exact point of the guest's, for tests.
     pub on_port: bool,
+    /// Track the pages written (KVM's dirty log and lwpvmm's own writes) so
+    /// that snapshots after the first are diffs: planned ones go to `dir`'s
+    /// numbered subdirectories (0 full, then diffs), the API's when asked.
+    pub diff: bool,
 }

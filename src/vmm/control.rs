@@ -9,7 +9,7 @@
 use std::io::Read;
 use std::os::unix::io::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use event_manager::{EventManager, EventOps, Events, MutEventSubscriber, SubscriberOps};
 use kvm_ioctls::VmFd;
+use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
@@ -28,10 +29,10 @@ use super::metrics::{VcpuMetrics, VmCounters};
 use super::output::RewriteFile;
 use super::seccomp::{self, SeccompMode, ThreadKind};
 use super::signals::{self, StopSignals};
-use super::snapshot::{self, MemoryLayout, VmKvmState, VmSnapshot};
+use super::snapshot::{self, MemoryLayout, ParentRef, VmKvmState, VmSnapshot};
 use super::vcpu::{Shared, VcpuEvent, VcpuHandle, VcpuResponse, VcpuStop};
 use super::virtio::worker::DeviceThread;
-use super::vmm::{Request, RunOutcome, SnapshotInfo, VmEnd, metrics_document};
+use super::vmm::{Request, RunOutcome, SnapshotInfo, SnapshotKind, VmEnd, metrics_document};
 use crate::vmm::devices::GuestEnd;
 
 /// Everything the control thread owns.
@@ -60,6 +61,11 @@ pub struct Control {
     pub requests: (Receiver<Request>, EventFd),
     /// SIGINT, SIGTERM and SIGHUP, when the VM stops on them.
     pub stop_signals: Option<StopSignals>,
+    /// The last snapshot written (or restored from): what a diff snapshot
+    /// is on top of.
+    pub parent: Option<ParentRef>,
+    /// Snapshots written into numbered directories (`--snapshot-diff`).
+    pub numbered: u32,
 }
 
 /// What the event loop saw, for the loop to act on.
@@ -285,8 +291,8 @@ impl Control {
                 self.vcpus.iter().for_each(VcpuHandle::kick_sample);
             }
             if !seen.snapshot.is_empty()
-                && let Some(dir) = self.plan.dir.clone()
-                && let Err(e) = self.snapshot(&dir, &mut paused, &seen.snapshot.join(" and "))
+                && let Some((dir, kind)) = self.next_planned()
+                && let Err(e) = self.snapshot(&dir, kind, &mut paused, &seen.snapshot.join(" and "))
             {
                 log::error!("{e}");
                 errors.push(e);
@@ -309,8 +315,8 @@ impl Control {
                 Request::Resume(reply) => {
                     let _ = reply.send(self.resume(paused));
                 }
-                Request::Snapshot(dir, reply) => {
-                    let _ = reply.send(self.snapshot(&dir, paused, "a request"));
+                Request::Snapshot(dir, kind, reply) => {
+                    let _ = reply.send(self.snapshot(&dir, kind, paused, "a request"));
                 }
                 Request::Metrics(reply) => {
                     let _ = reply.send(VmCounters::of(&self.metrics));
@@ -390,11 +396,30 @@ impl Control {
         Ok(())
     }
 
+    /// Where the next planned snapshot (SIGUSR2, the timer, the port) goes:
+    /// `--snapshot-dir`, or with `--snapshot-diff` its numbered
+    /// subdirectories, the first full and each later one a diff.
+    fn next_planned(&mut self) -> Option<(PathBuf, SnapshotKind)> {
+        let dir = self.plan.dir.clone()?;
+        if !self.plan.diff {
+            return Some((dir, SnapshotKind::Full));
+        }
+        let kind = if self.parent.is_some() {
+            SnapshotKind::Diff
+        } else {
+            SnapshotKind::Full
+        };
+        let numbered = dir.join(self.numbered.to_string());
+        self.numbered += 1;
+        Some((numbered, kind))
+    }
+
     /// Pauses the VM (unless it is paused), writes a snapshot to `dir`,
     /// and resumes it if it was running; `why` names what asked for it.
     fn snapshot(
         &mut self,
         dir: &Path,
+        kind: SnapshotKind,
         paused: &mut bool,
         why: &str,
     ) -> Result<SnapshotInfo, String> {
@@ -403,7 +428,12 @@ impl Control {
         let fail = |e: String| format!("the snapshot to {} failed: {e}", dir.display());
         self.pause(paused).map_err(fail)?;
         let pause_time = started.elapsed();
-        let result = self.write_snapshot(dir).map_err(fail);
+        let result = self.write_snapshot(dir, kind).map_err(fail);
+        if result.is_err() {
+            // The dirty pages taken for it are gone: only a full snapshot
+            // can follow.
+            self.parent = None;
+        }
         if !was_paused {
             self.resume(paused).map_err(fail)?;
         }
@@ -417,7 +447,11 @@ impl Control {
             total_time: started.elapsed(),
         };
         log::info!(
-            "snapshot written to {} for {why} in {:.1} ms, the VM paused throughout ({:.1} ms of it to pause the vCPUs; {state_bytes} bytes of state, {memory_bytes} bytes of memory)",
+            "{} snapshot written to {} for {why} in {:.1} ms, the VM paused throughout ({:.1} ms of it to pause the vCPUs; {state_bytes} bytes of state, {memory_bytes} bytes of memory)",
+            match kind {
+                SnapshotKind::Full => "full",
+                SnapshotKind::Diff => "diff",
+            },
             dir.display(),
             info.total_time.as_secs_f64() * 1e3,
             info.pause_time.as_secs_f64() * 1e3
@@ -425,7 +459,54 @@ impl Control {
         Ok(info)
     }
 
-    fn write_snapshot(&self, dir: &Path) -> Result<(u64, u64), String> {
+    /// The pages written since the last call, one bit per 4 KiB page of
+    /// each region: KVM's dirty log (the guest's own writes, and KVM's)
+    /// merged with guest memory's bitmap (lwpvmm's writes: LWP records,
+    /// LWPCB write-backs, page-table Accessed/Dirty bits, exception frames,
+    /// the virtio devices). Both are cleared.
+    fn take_dirty(&self) -> Result<Vec<Vec<u64>>, String> {
+        let mem = &self.shared.mem;
+        let mut out = Vec::new();
+        for (slot, region) in mem.iter().enumerate() {
+            let len = region.len() as usize;
+            let kvm = self
+                .vm
+                .get_dirty_log(slot as u32, len)
+                .map_err(|e| format!("KVM_GET_DIRTY_LOG: {e}"))?;
+            let ours = vm_memory::MmapRegion::bitmap(region).get_and_reset();
+            let words = len.div_ceil(4096).div_ceil(64);
+            out.push(
+                (0..words)
+                    .map(|i| kvm.get(i).copied().unwrap_or(0) | ours.get(i).copied().unwrap_or(0))
+                    .collect(),
+            );
+        }
+        Ok(out)
+    }
+
+    fn write_snapshot(&mut self, dir: &Path, kind: SnapshotKind) -> Result<(u64, u64), String> {
+        let parent = match kind {
+            SnapshotKind::Full => None,
+            SnapshotKind::Diff => {
+                if !self.plan.diff {
+                    return Err(
+                        "diff snapshots need dirty-page tracking: start the VM with --snapshot-diff"
+                            .into(),
+                    );
+                }
+                let parent = self.parent.clone().ok_or(
+                    "a diff snapshot needs a parent: this VM has written no snapshot since it started and was not restored from one; take a full one first",
+                )?;
+                std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+                if std::path::absolute(dir).map_err(|e| e.to_string())? == parent.dir {
+                    return Err(format!(
+                        "a diff snapshot needs a directory of its own: {} holds its parent",
+                        dir.display()
+                    ));
+                }
+                Some(parent)
+            }
+        };
         let mut vcpus = Vec::new();
         for h in &self.vcpus {
             h.send(VcpuEvent::SaveState);
@@ -447,8 +528,20 @@ impl Control {
             (bus.serial_state(), bus.pm_state())
         };
         std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
-        let (crc64, memory_bytes) =
-            snapshot::write_memory(dir, &self.shared.mem).map_err(|e| e.to_string())?;
+        let (crc64, pages, memory_bytes) = if parent.is_some() {
+            let dirty = self.take_dirty()?;
+            let d = snapshot::write_diff_memory(dir, &self.shared.mem, &dirty)
+                .map_err(|e| e.to_string())?;
+            (d.crc64, d.pages, d.bytes)
+        } else {
+            if self.plan.diff {
+                // The base the next diff counts from.
+                self.take_dirty()?;
+            }
+            let (crc64, bytes) =
+                snapshot::write_memory(dir, &self.shared.mem).map_err(|e| e.to_string())?;
+            (crc64, Vec::new(), bytes)
+        };
         let state = VmSnapshot {
             lwpvmm_version: env!("CARGO_PKG_VERSION").into(),
             profile: self.spec.profile,
@@ -456,6 +549,8 @@ impl Control {
             memory: MemoryLayout {
                 regions: snapshot::layout(&self.shared.mem),
                 crc64,
+                parent,
+                pages,
             },
             vm,
             serial,
@@ -463,7 +558,12 @@ impl Control {
             devices,
             vcpus,
         };
-        let state_bytes = snapshot::write_state(dir, &state).map_err(|e| e.to_string())?;
+        let (state_bytes, state_crc) =
+            snapshot::write_state(dir, &state).map_err(|e| e.to_string())?;
+        self.parent = Some(ParentRef {
+            dir: std::path::absolute(dir).map_err(|e| e.to_string())?,
+            state_crc,
+        });
         Ok((state_bytes, memory_bytes))
     }
 

@@ -200,15 +200,25 @@ pub fn supported_cpuid(kvm: &Kvm) -> Result<Vec<CpuidEntry>, VmError> {
     Ok(supported.as_slice().iter().map(from_kvm).collect())
 }
 
-/// Gives KVM every region of `mem` as a memory slot.
+/// Gives KVM every region of `mem` as a memory slot, without a dirty log.
 pub fn register_memory(vm: &VmFd, mem: &GuestMemory) -> Result<(), VmError> {
+    set_memory_slots(vm, mem, 0)
+}
+
+/// Turns KVM's dirty log on for every memory slot (diff snapshots): each
+/// KVM_GET_DIRTY_LOG then names the pages the guest wrote since the last.
+pub fn log_dirty_pages(vm: &VmFd, mem: &GuestMemory) -> Result<(), VmError> {
+    set_memory_slots(vm, mem, kvm_bindings::KVM_MEM_LOG_DIRTY_PAGES)
+}
+
+fn set_memory_slots(vm: &VmFd, mem: &GuestMemory, flags: u32) -> Result<(), VmError> {
     for (slot, region) in mem.iter().enumerate() {
         let host = mem
             .get_host_address(region.start_addr())
             .map_err(|_| VmError::MissingCap("a host mapping of guest memory"))?;
         let region = kvm_userspace_memory_region {
             slot: slot as u32,
-            flags: PIT_SPEAKER_DUMMY,
+            flags,
             guest_phys_addr: region.start_addr().raw_value(),
             memory_size: region.len(),
             userspace_addr: host as u64,

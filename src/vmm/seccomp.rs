@@ -98,6 +98,8 @@ const CONTROL: &[i64] = &[
     libc::SYS_fstat,
     libc::SYS_fsync,
     libc::SYS_ftruncate,
+    // A diff snapshot's parent named by its absolute path.
+    libc::SYS_getcwd,
     libc::SYS_getrandom,
     libc::SYS_lseek,
     libc::SYS_mkdir,
@@ -162,6 +164,7 @@ const KVMIO: u32 = 0xae;
 // The KVM ioctls lwpvmm's threads make once they run, computed from the
 // structure sizes as the kernel's headers do.
 ioctl_io_nr!(KVM_RUN, KVMIO, 0x80);
+ioctl_iow_nr!(KVM_GET_DIRTY_LOG, KVMIO, 0x42, kvm_bindings::kvm_dirty_log);
 ioctl_ior_nr!(KVM_GET_REGS, KVMIO, 0x81, kvm_bindings::kvm_regs);
 ioctl_iow_nr!(KVM_SET_REGS, KVMIO, 0x82, kvm_bindings::kvm_regs);
 ioctl_ior_nr!(KVM_GET_SREGS, KVMIO, 0x83, kvm_bindings::kvm_sregs);
@@ -225,6 +228,8 @@ pub fn ioctls(kind: ThreadKind) -> Vec<(&'static str, u64)> {
             ("KVM_GET_XCRS", KVM_GET_XCRS()),
         ],
         ThreadKind::Control => vec![
+            // Diff snapshots: the pages the guest wrote.
+            ("KVM_GET_DIRTY_LOG", KVM_GET_DIRTY_LOG()),
             ("KVM_GET_IRQCHIP", KVM_GET_IRQCHIP()),
             ("KVM_GET_PIT2", KVM_GET_PIT2()),
             ("KVM_GET_CLOCK", KVM_GET_CLOCK()),

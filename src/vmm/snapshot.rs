@@ -147,13 +147,34 @@ pub struct VmSnapshot {
 }
 
 /// Guest RAM as saved in the memory file.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Default, Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemoryLayout {
     /// (guest-physical start, size) of each region, in file order.
     pub regions: Vec<(u64, u64)>,
-    /// CRC-64 of the memory file.
+    /// CRC-64 of the memory file (of a diff: of its pages, in order).
     pub crc64: u64,
+    /// A diff snapshot's parent: the memory file holds only `pages`, the
+    /// rest is the parent's (and its parents', down to a full snapshot).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<ParentRef>,
+    /// A diff's pages: (first 4 KiB page of the memory file, pages), in
+    /// order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pages: Vec<(u64, u64)>,
 }
+
+/// The snapshot a diff snapshot is on top of.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParentRef {
+    /// Its directory (absolute).
+    pub dir: PathBuf,
+    /// The CRC-64 of its state file's payload: a parent replaced since is
+    /// refused.
+    pub state_crc: u64,
+}
+
+/// Diff snapshots a chain holds at most, above its full snapshot.
+pub const MAX_CHAIN: usize = 64;
 
 /// VM-wide KVM state.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -294,15 +315,29 @@ pub fn decode(bytes: &[u8], path: &Path) -> Result<VmSnapshot, SnapshotError> {
 }
 
 /// Writes the state file.
-pub fn write_state(dir: &Path, snapshot: &VmSnapshot) -> Result<u64, SnapshotError> {
+/// Writes the state file; returns its length and its payload's CRC-64 (what
+/// a diff on top of it records).
+pub fn write_state(dir: &Path, snapshot: &VmSnapshot) -> Result<(u64, u64), SnapshotError> {
     let path = dir.join(STATE_FILE);
     let bytes = encode(snapshot)?;
     std::fs::write(&path, &bytes).map_err(io_err(&path))?;
-    Ok(bytes.len() as u64)
+    Ok((bytes.len() as u64, payload_crc(&bytes)))
+}
+
+/// The payload CRC-64 of encoded state (its header's).
+fn payload_crc(bytes: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&bytes[24..32]);
+    u64::from_le_bytes(b)
 }
 
 /// Reads and checks the state file.
 pub fn read_state(dir: &Path) -> Result<VmSnapshot, SnapshotError> {
+    read_state_crc(dir).map(|(s, _)| s)
+}
+
+/// As [`read_state`], with the payload's CRC-64.
+pub fn read_state_crc(dir: &Path) -> Result<(VmSnapshot, u64), SnapshotError> {
     let path = dir.join(STATE_FILE);
     let file = File::open(&path).map_err(io_err(&path))?;
     let len = file.metadata().map_err(io_err(&path))?.len();
@@ -313,7 +348,39 @@ pub fn read_state(dir: &Path) -> Result<VmSnapshot, SnapshotError> {
     BufReader::new(file)
         .read_to_end(&mut bytes)
         .map_err(io_err(&path))?;
-    decode(&bytes, &path)
+    let snapshot = decode(&bytes, &path)?;
+    Ok((snapshot, payload_crc(&bytes)))
+}
+
+/// The snapshots a restore of `dir` reads memory from, newest first: `dir`
+/// itself, then each diff's parent down to a full snapshot. Each parent's
+/// state must have the CRC-64 its child recorded and the same layout.
+pub fn chain(dir: &Path) -> Result<Vec<(PathBuf, VmSnapshot, u64)>, SnapshotError> {
+    let (first, crc) = read_state_crc(dir)?;
+    let mut chain = vec![(dir.to_owned(), first, crc)];
+    while let Some(parent) = chain.last().and_then(|(_, s, _)| s.memory.parent.clone()) {
+        if chain.len() > MAX_CHAIN {
+            return Err(SnapshotError::Mismatch(format!(
+                "the chain of diff snapshots is longer than {MAX_CHAIN}"
+            )));
+        }
+        let (state, crc) = read_state_crc(&parent.dir)?;
+        if crc != parent.state_crc {
+            return Err(SnapshotError::Mismatch(format!(
+                "the parent snapshot {} was replaced since its diff was taken (its state's CRC-64 is {crc:#018x}, the diff recorded {:#018x})",
+                parent.dir.display(),
+                parent.state_crc
+            )));
+        }
+        if state.memory.regions != chain[0].1.memory.regions {
+            return Err(SnapshotError::Mismatch(format!(
+                "the parent snapshot {} has another memory layout",
+                parent.dir.display()
+            )));
+        }
+        chain.push((parent.dir, state, crc));
+    }
+    Ok(chain)
 }
 
 /// The RAM layout of `mem`.
@@ -361,6 +428,113 @@ pub fn write_memory(dir: &Path, mem: &GuestMemory) -> Result<(u64, u64), Snapsho
     drop(file);
     std::fs::rename(&part, &path).map_err(io_err(&path))?;
     Ok((digest.finalize(), at))
+}
+
+/// What a diff's memory file holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiffWritten {
+    /// The CRC-64 of its pages, in order.
+    pub crc64: u64,
+    /// (first 4 KiB page of the file, pages), in order.
+    pub pages: Vec<(u64, u64)>,
+    /// Bytes of pages written.
+    pub bytes: u64,
+}
+
+/// Writes the pages `dirty` marks (one bit per 4 KiB page of each region,
+/// regions in file order) to a diff's memory file, a sparse file as long as
+/// a full one.
+pub fn write_diff_memory(
+    dir: &Path,
+    mem: &GuestMemory,
+    dirty: &[Vec<u64>],
+) -> Result<DiffWritten, SnapshotError> {
+    let path = dir.join(MEMORY_FILE);
+    let part = dir.join(format!("{MEMORY_FILE}.part"));
+    let file = File::create(&part).map_err(io_err(&part))?;
+    let mut digest = CRC.digest();
+    let mut ranges: Vec<(u64, u64)> = Vec::new();
+    let mut page = vec![0u8; PAGE];
+    let (mut base, mut written) = (0u64, 0u64);
+    for ((start, size), bits) in layout(mem).into_iter().zip(dirty) {
+        let pages = size / PAGE as u64;
+        for i in 0..pages {
+            let word = bits.get((i / 64) as usize).copied().unwrap_or(0);
+            if word >> (i % 64) & 1 == 0 {
+                continue;
+            }
+            mem.read_slice(&mut page, GuestAddress(start + i * PAGE as u64))
+                .map_err(|e| SnapshotError::Memory(e.to_string()))?;
+            digest.update(&page);
+            let at = base / PAGE as u64 + i;
+            file.write_all_at(&page, at * PAGE as u64)
+                .map_err(io_err(&part))?;
+            written += PAGE as u64;
+            match ranges.last_mut() {
+                Some((first, n)) if *first + *n == at => *n += 1,
+                _ => ranges.push((at, 1)),
+            }
+        }
+        base += size;
+    }
+    file.set_len(base).map_err(io_err(&part))?;
+    drop(file);
+    std::fs::rename(&part, &path).map_err(io_err(&path))?;
+    Ok(DiffWritten {
+        crc64: digest.finalize(),
+        pages: ranges,
+        bytes: written,
+    })
+}
+
+/// Copies a diff's pages from its memory file into `mem` (mapped from the
+/// chain's full snapshot), checking their CRC-64: a diff is small, so it is
+/// always checked.
+pub fn apply_diff(
+    dir: &Path,
+    mem: &GuestMemory,
+    recorded: &MemoryLayout,
+) -> Result<(), SnapshotError> {
+    let file = open_memory(dir, recorded)?;
+    let path = dir.join(MEMORY_FILE);
+    let mut digest = CRC.digest();
+    let mut page = vec![0u8; PAGE];
+    for &(first, count) in &recorded.pages {
+        for p in first..first.saturating_add(count) {
+            let offset = p
+                .checked_mul(PAGE as u64)
+                .ok_or_else(|| SnapshotError::Memory("a diff page past the file".into()))?;
+            file.read_exact_at(&mut page, offset)
+                .map_err(io_err(&path))?;
+            digest.update(&page);
+            let gpa = file_offset_to_gpa(&recorded.regions, offset).ok_or_else(|| {
+                SnapshotError::Memory(format!("diff page {p} lies outside the layout"))
+            })?;
+            mem.write_slice(&page, GuestAddress(gpa))
+                .map_err(|e| SnapshotError::Memory(e.to_string()))?;
+        }
+    }
+    let found = digest.finalize();
+    if found != recorded.crc64 {
+        return Err(SnapshotError::Memory(format!(
+            "{}: the diff's pages have CRC-64 {found:#018x}, the state file says {:#018x}",
+            path.display(),
+            recorded.crc64
+        )));
+    }
+    Ok(())
+}
+
+/// The guest-physical address of a memory-file offset.
+fn file_offset_to_gpa(regions: &[(u64, u64)], offset: u64) -> Option<u64> {
+    let mut base = 0u64;
+    for &(start, size) in regions {
+        if offset < base + size {
+            return Some(start + (offset - base));
+        }
+        base += size;
+    }
+    None
 }
 
 /// Opens the memory file to map it: it must have exactly the size the
@@ -427,6 +601,7 @@ mod tests {
             memory: MemoryLayout {
                 regions: vec![(0, 1 << 20)],
                 crc64: 7,
+                ..MemoryLayout::default()
             },
             vm: VmKvmState {
                 pic_master: kvm_irqchip::default(),
@@ -483,6 +658,7 @@ mod tests {
         let layout = MemoryLayout {
             regions: super::layout(&mem),
             crc64,
+            ..MemoryLayout::default()
         };
         use std::os::unix::fs::MetadataExt;
         let blocks = std::fs::metadata(dir.join(MEMORY_FILE)).unwrap().blocks() * 512;
@@ -520,11 +696,58 @@ mod tests {
         let short = MemoryLayout {
             regions: vec![(0, 4 << 20)],
             crc64,
+            ..MemoryLayout::default()
         };
         assert!(
             matches!(open_memory(&dir, &short), Err(SnapshotError::Memory(_))),
             "a file shorter than the layout is refused before it is mapped"
         );
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// A diff holds the marked pages, across two regions, and applying it
+    /// onto the parent's memory gives the memory it was taken from; a page
+    /// changed on disk is refused by its CRC-64.
+    #[test]
+    fn a_diff_carries_the_marked_pages() {
+        let dir = std::env::temp_dir().join(format!("lwpvmm-diff-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ranges = [(GuestAddress(0), 1 << 20), (GuestAddress(4 << 20), 1 << 20)];
+        let mem = GuestMemory::from_ranges(&ranges).unwrap();
+        // (guest-physical address, value): pages 1 and 2 of region 0, page
+        // 0 of region 1 (file page 256).
+        let written = [(0x1008u64, 1u64), (0x2000, 2), (4 << 20, 3)];
+        written
+            .iter()
+            .for_each(|&(gpa, v)| mem.write_obj(v, GuestAddress(gpa)).unwrap());
+        let dirty = vec![vec![0b110u64, 0, 0, 0], vec![1, 0, 0, 0]];
+        let DiffWritten {
+            crc64,
+            pages,
+            bytes,
+        } = write_diff_memory(&dir, &mem, &dirty).unwrap();
+        assert_eq!(pages, [(1, 2), (256, 1)]);
+        assert_eq!(bytes, 3 * 4096);
+        let layout = MemoryLayout {
+            regions: super::layout(&mem),
+            crc64,
+            pages,
+            ..MemoryLayout::default()
+        };
+        let parent = GuestMemory::from_ranges(&ranges).unwrap();
+        apply_diff(&dir, &parent, &layout).unwrap();
+        for &(gpa, v) in &written {
+            assert_eq!(parent.read_obj::<u64>(GuestAddress(gpa)).unwrap(), v);
+        }
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.join(MEMORY_FILE))
+            .unwrap();
+        file.write_all_at(&[9], 0x2001).unwrap();
+        assert!(matches!(
+            apply_diff(&dir, &parent, &layout),
+            Err(SnapshotError::Memory(m)) if m.contains("CRC-64")
+        ));
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

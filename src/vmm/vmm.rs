@@ -58,6 +58,16 @@ pub struct RunOutcome {
     pub errors: Vec<String>,
 }
 
+/// What a snapshot holds of guest memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+pub enum SnapshotKind {
+    /// All of it.
+    #[default]
+    Full,
+    /// The pages written since the parent snapshot.
+    Diff,
+}
+
 /// A snapshot written.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SnapshotInfo {
@@ -104,8 +114,8 @@ pub enum Request {
     Pause(Sender<Result<(), String>>),
     /// Resume every vCPU.
     Resume(Sender<Result<(), String>>),
-    /// Write a snapshot to this directory.
-    Snapshot(PathBuf, Sender<Result<SnapshotInfo, String>>),
+    /// Write a snapshot of this kind to this directory.
+    Snapshot(PathBuf, SnapshotKind, Sender<Result<SnapshotInfo, String>>),
     /// The counters now.
     Metrics(Sender<VmCounters>),
     /// Whether the VM is paused.
@@ -146,7 +156,13 @@ impl VmmHandle {
 
     /// Writes a snapshot to `dir` (the VM pauses for it unless paused).
     pub fn snapshot(&self, dir: &Path) -> Result<SnapshotInfo, VmError> {
-        self.ask(|r| Request::Snapshot(dir.to_owned(), r))?
+        self.snapshot_of(dir, SnapshotKind::Full)
+    }
+
+    /// Writes a full snapshot, or a diff on top of the last one this VM
+    /// wrote or was restored from (`--snapshot-diff`), to `dir`.
+    pub fn snapshot_of(&self, dir: &Path, kind: SnapshotKind) -> Result<SnapshotInfo, VmError> {
+        self.ask(|r| Request::Snapshot(dir.to_owned(), kind, r))?
             .map_err(VmError::EventLoop)
     }
 
@@ -207,6 +223,8 @@ pub struct Vmm {
     requests: Receiver<Request>,
     handle: VmmHandle,
     api: Option<ApiListeners>,
+    /// The snapshot this VM was restored from: a diff's first parent.
+    pub(super) parent: Option<super::snapshot::ParentRef>,
 }
 
 impl Vmm {
@@ -255,6 +273,9 @@ impl Vmm {
             exit: eventfd()?,
             snapshot_point: eventfd()?,
         });
+        if host.snapshots.diff {
+            super::machine::log_dirty_pages(&vm, &shared.mem)?;
+        }
         let api = ApiListeners::bind(&host.api)?;
         let (sender, requests) = channel();
         Ok(Vmm {
@@ -271,6 +292,7 @@ impl Vmm {
                 recorder,
             },
             api,
+            parent: None,
         })
     }
 
@@ -355,6 +377,8 @@ impl Vmm {
             sample_hz,
             requests: (self.requests, wake),
             stop_signals,
+            parent: self.parent,
+            numbered: 0,
         };
         let control = thread::Builder::new()
             .name("lwpvmm-control".into())

@@ -19,7 +19,7 @@ use crate::profile::pprof;
 use crate::profile::sysroot::Sysroot;
 use crate::vmm::error::VmError;
 use crate::vmm::recorder::{CaptureError, CaptureId, EVENT_IDS};
-use crate::vmm::vmm::VmmHandle;
+use crate::vmm::vmm::{SnapshotKind, VmmHandle};
 
 /// A pprof request's capture length unless it names one (Go's default).
 pub const DEFAULT_PROFILE_SECONDS: u64 = 30;
@@ -268,6 +268,9 @@ fn vm_state(request: &Request, cx: &mut Context<'_>) -> Response {
 #[serde(deny_unknown_fields)]
 struct SnapshotCreate {
     snapshot_path: PathBuf,
+    /// `Full` (the default) or `Diff`, as Firecracker names them.
+    #[serde(default)]
+    snapshot_type: SnapshotKind,
 }
 
 #[derive(Serialize)]
@@ -286,7 +289,7 @@ fn snapshot(request: &Request, cx: &mut Context<'_>) -> Response {
         Ok(c) => c,
         Err(r) => return r,
     };
-    match vm.snapshot(&create.snapshot_path) {
+    match vm.snapshot_of(&create.snapshot_path, create.snapshot_type) {
         Ok(info) => Response::json(
             200,
             &SnapshotWritten {
@@ -535,18 +538,20 @@ mod tests {
                     VmRequest::Pause(r) | VmRequest::Resume(r) => {
                         let _ = r.send(Ok(()));
                     }
-                    VmRequest::Snapshot(dir, r) => {
-                        let _ = r.send(if dir.starts_with("/refused") {
-                            Err("cannot create /refused".into())
-                        } else {
-                            Ok(SnapshotInfo {
-                                dir,
-                                state_bytes: 1,
-                                memory_bytes: 2,
-                                pause_time: Duration::ZERO,
-                                total_time: Duration::ZERO,
-                            })
-                        });
+                    VmRequest::Snapshot(dir, kind, r) => {
+                        let _ = r.send(
+                            if dir.starts_with("/refused") || kind == SnapshotKind::Diff {
+                                Err("cannot create /refused".into())
+                            } else {
+                                Ok(SnapshotInfo {
+                                    dir,
+                                    state_bytes: 1,
+                                    memory_bytes: 2,
+                                    pause_time: Duration::ZERO,
+                                    total_time: Duration::ZERO,
+                                })
+                            },
+                        );
                     }
                     VmRequest::Metrics(r) => {
                         let _ = r.send(VmCounters::of(&[Arc::new(VcpuMetrics::default())]));
@@ -610,6 +615,22 @@ mod tests {
                 "cannot create",
             ),
             (Unix, "PUT", "/snapshot/create", "[]", 400, "snapshot_path"),
+            (
+                Unix,
+                "PUT",
+                "/snapshot/create",
+                r#"{"snapshot_path":"/s","snapshot_type":"Diff"}"#,
+                400,
+                "cannot create",
+            ),
+            (
+                Unix,
+                "PUT",
+                "/snapshot/create",
+                r#"{"snapshot_path":"/s","snapshot_type":"Half"}"#,
+                400,
+                "Diff",
+            ),
             (Unix, "GET", "/vm/metrics", "", 200, "\"vcpus\""),
             (
                 Unix,

@@ -7,6 +7,9 @@
 //! after the backend's flush (fdatasync) returned: the writes, then
 //! fdatasync, then the used-ring entry.
 
+/// The dirty-bitmap slice of guest memory that descriptor chains carry.
+type MemBitmap<'a> = vm_memory::bitmap::BS<'a, vm_memory::bitmap::AtomicBitmap>;
+
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::unix::fs::FileExt;
@@ -159,8 +162,8 @@ impl Block {
         &mut self,
         kind: u32,
         sector: u64,
-        reader: &mut virtio_queue::Reader<'_>,
-        writer: &mut virtio_queue::Writer<'_>,
+        reader: &mut virtio_queue::Reader<'_, MemBitmap<'_>>,
+        writer: &mut virtio_queue::Writer<'_, MemBitmap<'_>>,
         data_len: usize,
     ) -> (u32, usize) {
         match kind {
@@ -208,7 +211,7 @@ impl Block {
     fn read(
         &mut self,
         mut offset: u64,
-        writer: &mut virtio_queue::Writer<'_>,
+        writer: &mut virtio_queue::Writer<'_, MemBitmap<'_>>,
         mut len: usize,
     ) -> io::Result<()> {
         while len > 0 {
@@ -221,7 +224,11 @@ impl Block {
         Ok(())
     }
 
-    fn write(&mut self, mut offset: u64, reader: &mut virtio_queue::Reader<'_>) -> io::Result<()> {
+    fn write(
+        &mut self,
+        mut offset: u64,
+        reader: &mut virtio_queue::Reader<'_, MemBitmap<'_>>,
+    ) -> io::Result<()> {
         loop {
             let n = reader.read(&mut self.buf)?;
             if n == 0 {
