@@ -29,6 +29,7 @@ const GUESTS: &[&str] = &[
     "throughput",
     "precise",
     "stepping",
+    "tfstep",
     "stepprobe",
     "profile_host",
     "cplprobe",

@@ -2,8 +2,10 @@
 //! - the paravirtual LWPINS round trip from CPL3 against a CPL3 port-I/O
 //!   exit and against a CPL3 UD2 taken through the same #UD doorbell;
 //! - an LWP_CFG RDMSR exit against a CPL0 port-I/O exit;
-//! - process start to exit of the minimal guest under lwpvmm and, when
-//!   `qemu-system-x86_64` is installed, under QEMU: wall time and peak RSS;
+//! - process start to exit of the minimal guest under lwpvmm, against the
+//!   bare floor (this binary creating a VM and a vCPU and running one HLT)
+//!   and, when `qemu-system-x86_64` is installed, QEMU's microvm: wall
+//!   time by the monotonic clock, medians of interleaved runs;
 //! - snapshot and restore time of a 256 MiB guest, and the snapshot's size;
 //! - the sampler: CPL3 throughput lost per kick against the bare exit (a
 //!   CPL3 port-I/O round trip) and where the rest goes; a sample with its
@@ -24,9 +26,8 @@
 //! `cargo bench --bench vmm [-- WORD...]` (not run by CI; the words pick
 //! sections by name: round_trips, starts, snapshots, sampler, precise,
 //! linux_boot, linux_lwp, smp, devices). Cycle counts come from the
-//! guest's RDTSC, so the ratios do not depend on the TSC frequency. Wall
-//! time and peak RSS of whole processes come from GNU time (`apt-get install
-//! time`); QEMU from `apt-get install qemu-system-x86`.
+//! guest's RDTSC, so the ratios do not depend on the TSC frequency. QEMU
+//! comes from `apt-get install qemu-system-x86`.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -106,29 +107,66 @@ fn round_trips() {
     );
 }
 
-/// Wall time (s) and peak RSS (KiB) of one run of `args`, measured by GNU
-/// time.
-fn measure(args: &[&str]) -> (f64, i64) {
-    let out = Command::new("/usr/bin/time")
-        .args(["-f", "lwpvmm-bench %e %M"])
-        .args(args)
+/// Milliseconds from spawning `args` to its exit, with `env` set; it must
+/// exit with `status`.
+fn wall_ms(args: &[&str], env: Option<(&str, &str)>, status: i32) -> f64 {
+    let mut cmd = Command::new(args[0]);
+    cmd.args(&args[1..])
         .stdout(Stdio::null())
-        .output()
-        .expect("run /usr/bin/time");
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "the minimal guest exits with value 0, status 1"
-    );
-    let err = String::from_utf8_lossy(&out.stderr);
-    let line = err
-        .lines()
-        .find_map(|l| l.strip_prefix("lwpvmm-bench "))
-        .expect("GNU time output");
-    let mut f = line.split(' ');
-    let wall: f64 = f.next().unwrap().parse().unwrap();
-    let rss: i64 = f.next().unwrap().parse().unwrap();
-    (wall, rss)
+        .stderr(Stdio::null());
+    if let Some((k, v)) = env {
+        cmd.env(k, v);
+    }
+    let started = Instant::now();
+    let done = cmd.status().expect("spawn");
+    let ms = started.elapsed().as_secs_f64() * 1e3;
+    assert_eq!(done.code(), Some(status), "{args:?}");
+    ms
+}
+
+/// The bare floor of a VMM's start: this process (the bench binary, run
+/// again with `BARE_VM` set) opens /dev/kvm, creates a VM with 64 MiB of
+/// memory (as lwpvmm's run is given) and one vCPU, and runs a guest whose
+/// first instruction is HLT, which exits to userspace at once. Nothing
+/// else: no irqchip, no MSR filter, no CPUID table, no devices, no
+/// threads.
+fn bare_vm() {
+    use kvm_ioctls::{Kvm, VcpuExit};
+    let kvm = Kvm::new().expect("/dev/kvm");
+    let vm = kvm.create_vm().expect("KVM_CREATE_VM");
+    let mem = lwpvmm::guard::GuestMemory::from_ranges(&[(vm_memory::GuestAddress(0), 64 << 20)])
+        .expect("64 MiB");
+    use vm_memory::{Bytes, GuestMemoryBackend};
+    mem.write_slice(&[0xf4], vm_memory::GuestAddress(0x1000))
+        .expect("HLT");
+    let host = mem
+        .get_host_address(vm_memory::GuestAddress(0))
+        .expect("host address");
+    let region = kvm_bindings::kvm_userspace_memory_region {
+        slot: 0,
+        flags: 0,
+        guest_phys_addr: 0,
+        memory_size: 64 << 20,
+        userspace_addr: host as u64,
+    };
+    // SAFETY: the region is `mem`'s own mapping, which outlives the VM in
+    // this function.
+    unsafe { vm.set_user_memory_region(region) }.expect("KVM_SET_USER_MEMORY_REGION");
+    let mut vcpu = vm.create_vcpu(0).expect("KVM_CREATE_VCPU");
+    let mut sregs = vcpu.get_sregs().expect("KVM_GET_SREGS");
+    sregs.cs.base = 0;
+    sregs.cs.selector = 0;
+    vcpu.set_sregs(&sregs).expect("KVM_SET_SREGS");
+    let regs = kvm_bindings::kvm_regs {
+        rip: 0x1000,
+        rflags: 2,
+        ..Default::default()
+    };
+    vcpu.set_regs(&regs).expect("KVM_SET_REGS");
+    match vcpu.run().expect("KVM_RUN") {
+        VcpuExit::Hlt => {}
+        other => panic!("the bare guest exited with {other:?}"),
+    }
 }
 
 /// QEMU with KVM on `machine`, 64 MiB, the console on stdio and no
@@ -235,29 +273,31 @@ fn starts() {
         kernel,
     ]);
     let qemu_run: Vec<&str> = qemu_args.iter().map(String::as_str).collect();
-    let run = |args: &[&str]| {
-        let samples: Vec<(f64, i64)> = (0..STARTS).map(|_| measure(args)).collect();
-        let wall = median(samples.iter().map(|s| s.0).collect());
-        let rss = samples.iter().map(|s| s.1).max().unwrap_or(0);
-        (wall, rss)
-    };
-    if !Path::new("/usr/bin/time").exists() {
-        println!("process start to exit: needs GNU time (apt-get install time): skipped");
-        return;
+    let me = std::env::current_exe().expect("the bench binary");
+    let bare: Vec<&str> = vec![me.to_str().expect("UTF-8 path")];
+    // Interleaved, so that a slow spell of the host weighs on all alike.
+    let (mut lw, mut bw, mut qw) = (Vec::new(), Vec::new(), Vec::new());
+    let qemu = has_qemu();
+    for _ in 0..STARTS {
+        lw.push(wall_ms(&lwpvmm_run, None, 1));
+        bw.push(wall_ms(&bare, Some(("BARE_VM", "1")), 0));
+        if qemu {
+            qw.push(wall_ms(&qemu_run, None, 1));
+        }
     }
-    let (lw, lr) = run(&lwpvmm_run);
-    println!("process start to exit of the minimal guest ({STARTS} runs, median wall, peak RSS):");
-    println!("  lwpvmm  {:>8.1} ms {:>8} KiB", lw * 1e3, lr);
-    if has_qemu() {
-        let (qw, qr) = run(&qemu_run);
-        println!("  qemu    {:>8.1} ms {:>8} KiB", qw * 1e3, qr);
-        println!(
-            "ratios: wall lwpvmm/qemu = {:.2}, peak RSS lwpvmm/qemu = {:.2}",
-            lw / qw,
-            lr as f64 / qr as f64
-        );
+    let (lw, bw) = (median(lw), median(bw));
+    println!(
+        "process start to exit ({STARTS} runs each, interleaved, median wall by the monotonic clock):"
+    );
+    println!("  lwpvmm, the minimal guest        {lw:>8.2} ms");
+    println!("  bare harness: VM, vCPU, one HLT  {bw:>8.2} ms");
+    println!("start lwpvmm/bare harness = {:.2}", lw / bw);
+    if qemu {
+        let qw = median(qw);
+        println!("  qemu -M microvm, the same guest  {qw:>8.2} ms");
+        println!("start lwpvmm/qemu = {:.2}", lw / qw);
     } else {
-        println!("  qemu    not installed (apt-get install qemu-system-x86): no comparison");
+        println!("start lwpvmm/qemu = not measured (apt-get install qemu-system-x86)");
     }
     let _ = std::fs::remove_file(elf);
 }
@@ -473,8 +513,9 @@ fn tsc_hz() -> f64 {
     f64::from(vcpu.get_tsc_khz().expect("KVM_GET_TSC_KHZ")) * 1000.0
 }
 
-/// Guest TSC cycles per stepped instruction.
-fn stepping(bre: bool) -> f64 {
+/// Guest TSC cycles per stepped instruction, and host nanoseconds lwpvmm
+/// spent per step between KVM_RUN's return and the next entry.
+fn stepping(bre: bool) -> (f64, f64) {
     let console = Arc::new(Mutex::new(Vec::new()));
     let config = VmConfig {
         kernel: lwpvmm::guests::get("stepping").expect("guest").to_vec(),
@@ -484,7 +525,7 @@ fn stepping(bre: bool) -> f64 {
         host: captured(&console, Profiling::default()),
         ..VmConfig::default()
     };
-    vmm::run(&config).expect("stepping guest");
+    let outcome = vmm::run(&config).expect("stepping guest");
     let text = String::from_utf8_lossy(&console.lock().unwrap()).into_owned();
     let v: Vec<f64> = text
         .lines()
@@ -493,16 +534,65 @@ fn stepping(bre: bool) -> f64 {
         .split(' ')
         .map(|x| x.trim().parse().unwrap())
         .collect();
+    let t = &outcome.metrics.total;
+    (v[0] / v[1], t.step_ns as f64 / t.steps.max(1) as f64)
+}
+
+/// Guest TSC cycles per trap-flag step of the bare floor guest (no LWP, a
+/// #DB handler that rings a bare port), on the stepping guest's loop.
+fn bare_tf_step() -> f64 {
+    let console = Arc::new(Mutex::new(Vec::new()));
+    let config = VmConfig {
+        kernel: lwpvmm::guests::get("tfstep").expect("guest").to_vec(),
+        cmdline: "iterations=4000".into(),
+        memory_mib: 64,
+        profile: LwpProfile::Off,
+        host: captured(&console, Profiling::default()),
+        ..VmConfig::default()
+    };
+    vmm::run(&config).expect("tfstep guest");
+    let text = String::from_utf8_lossy(&console.lock().unwrap()).into_owned();
+    let v: Vec<f64> = text
+        .lines()
+        .find_map(|l| l.strip_prefix("tfstep "))
+        .unwrap_or_else(|| panic!("no tfstep line in:\n{text}"))
+        .split(' ')
+        .map(|x| x.trim().parse().unwrap())
+        .collect();
     v[0] / v[1]
 }
 
 fn precise() {
-    let ire = stepping(false);
-    let both = stepping(true);
+    // Interleaved, the fastest of three each: host noise only slows a run.
+    let (mut ire, mut both, mut bare) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..3 {
+        bare.push(bare_tf_step());
+        ire.push(stepping(false));
+        both.push(stepping(true));
+    }
+    let low = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
+    let firsts = |v: &[(f64, f64)]| v.iter().map(|p| p.0).collect::<Vec<_>>();
+    let seconds = |v: &[(f64, f64)]| v.iter().map(|p| p.1).collect::<Vec<_>>();
+    let cycles_per_ns = tsc_hz() / 1e9;
+    let (ire_host, both_host) = (
+        low(&seconds(&ire)) * cycles_per_ns,
+        low(&seconds(&both)) * cycles_per_ns,
+    );
+    let (ire, both, bare) = (low(&firsts(&ire)), low(&firsts(&both)), low(&bare));
     println!("precise stepping (trap-flag backend, guest TSC cycles per stepped instruction):");
-    println!("  IRE only          {ire:>10.0}");
-    println!("  IRE + BRE         {both:>10.0}  (every instruction also decoded)");
+    println!("  bare TF step      {bare:>10.0}  (#DB to a handler that rings a bare port, IRET)");
+    println!(
+        "  IRE only          {ire:>10.0}  ({ire_host:.0} of them in lwpvmm after KVM_RUN returns)"
+    );
+    println!(
+        "  IRE + BRE         {both:>10.0}  ({both_host:.0} in lwpvmm: every instruction also decoded)"
+    );
+    println!(
+        "  the rest of a step is the guest's #DB delivery, its handler's port exit and IRET, as in the bare step"
+    );
     println!("  IRE+BRE steps/s relative to IRE-only = {:.2}", ire / both);
+    println!("  IRE+BRE step / bare TF step = {:.2}", both / bare);
+    println!("precise step / bare TF step = {:.2}", ire / bare);
 }
 
 /// The sampler's cost against its floor, measured in one run: the bare exit
@@ -827,7 +917,7 @@ fn linux_lwp() {
         return;
     };
     let bare_lwpins = bare_lwpins();
-    let bare_step = stepping(false);
+    let bare_step = stepping(false).0;
     let args = lwpvmm_linux(&kernel, &initramfs, 1, &["--lwp", "precise"]);
     let out = Command::new(&args[0])
         .args(&args[1..])
@@ -1234,6 +1324,10 @@ fn devices() {
 }
 
 fn main() {
+    if std::env::var_os("BARE_VM").is_some() {
+        bare_vm();
+        return;
+    }
     if !std::path::Path::new("/dev/kvm").exists() {
         eprintln!("the VMM benchmarks need /dev/kvm, which is missing");
         std::process::exit(1);

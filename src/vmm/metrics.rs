@@ -111,6 +111,10 @@ counters! {
     records_missed,
     /// Single steps for precise IRE/BRE.
     steps,
+    /// Nanoseconds vCPU threads spent on the exits that took a step,
+    /// between KVM_RUN's return and the next entry: decoding, counting,
+    /// the guard's walks for the ring, the trace.
+    step_ns,
     /// 1 when precise events use KVM's single-step (guest debug).
     step_backend_guest_debug,
     /// 1 when precise events use the trap flag and the #DB doorbell.

@@ -345,6 +345,8 @@ impl Vcpu {
             }
             let id = self.kvm.id();
             let exit = self.kvm.fd_mut().run();
+            let returned = Instant::now();
+            let steps = self.metrics.steps.load(Ordering::Relaxed);
             let action = handle_exit(
                 exit,
                 &mut Devices {
@@ -387,6 +389,10 @@ impl Vcpu {
             if let Some(t) = sampled {
                 let ns = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
                 self.metrics.sampler_ns.fetch_add(ns, Ordering::Relaxed);
+            }
+            if self.metrics.steps.load(Ordering::Relaxed) != steps {
+                let ns = u64::try_from(returned.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                self.metrics.step_ns.fetch_add(ns, Ordering::Relaxed);
             }
             self.publish_clock(mailbox);
         }
