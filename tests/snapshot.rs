@@ -42,6 +42,14 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
+/// A scratch directory holding the replay guest, and the guest's path.
+fn replay_guest(name: &str) -> (PathBuf, PathBuf) {
+    let work = scratch(name);
+    let elf = work.join("replay.elf");
+    std::fs::write(&elf, lwpvmm::guests::get("replay").unwrap()).unwrap();
+    (work, elf)
+}
+
 fn digest(out: &Output) -> String {
     let text = String::from_utf8_lossy(&out.stdout);
     text.lines()
@@ -81,9 +89,7 @@ fn refused(dir: &Path, extra: &[&str], want: &str) {
 
 #[test]
 fn snapshot_restore_and_refusals() {
-    let work = scratch("guest");
-    let elf = work.join("replay.elf");
-    std::fs::write(&elf, lwpvmm::guests::get("replay").unwrap()).unwrap();
+    let (work, elf) = replay_guest("guest");
     let kernel = elf.to_str().unwrap();
 
     let plain = lwpvmm(&[
@@ -242,9 +248,7 @@ fn snapshot_restore_and_refusals() {
 /// again. The rings of the restored and the uninterrupted run are the same.
 #[test]
 fn precise_events_survive_a_snapshot() {
-    let work = scratch("precise-guest");
-    let elf = work.join("replay.elf");
-    std::fs::write(&elf, lwpvmm::guests::get("replay").unwrap()).unwrap();
+    let (work, elf) = replay_guest("precise-guest");
     let kernel = elf.to_str().unwrap();
     for profile in ["precise", "bulldozer"] {
         let run = |extra: &[&str]| {
@@ -364,9 +368,7 @@ fn a_timer_and_sigusr2_take_snapshots_while_running() {
 /// own; it names the truncation and exits with status 2.
 #[test]
 fn a_memory_file_truncated_underneath_is_named() {
-    let work = scratch("truncated-guest");
-    let elf = work.join("replay.elf");
-    std::fs::write(&elf, lwpvmm::guests::get("replay").unwrap()).unwrap();
+    let (work, elf) = replay_guest("truncated-guest");
     let dir = scratch("truncated");
     let taken = lwpvmm(&[
         "run",
@@ -425,9 +427,7 @@ fn a_memory_file_truncated_underneath_is_named() {
 /// refused.
 #[test]
 fn diff_snapshots_restore_through_their_chain() {
-    let work = scratch("diff-guest");
-    let elf = work.join("replay.elf");
-    std::fs::write(&elf, lwpvmm::guests::get("replay").unwrap()).unwrap();
+    let (work, elf) = replay_guest("diff-guest");
     let kernel = elf.to_str().unwrap();
     let cmdline = "iterations=20000 snap=10000 snap2=15000 touch=1";
     let plain = lwpvmm(&[
