@@ -395,6 +395,15 @@ const CHUNK: usize = 1 << 20;
 /// The page size of the memory file's holes.
 const PAGE: usize = 4096;
 
+/// Whether `page` holds only zeros (compared 16 bytes at a time).
+fn is_zero(page: &[u8]) -> bool {
+    let mut words = page.chunks_exact(16);
+    words
+        .by_ref()
+        .all(|w| u128::from_ne_bytes(w.try_into().unwrap_or([1; 16])) == 0)
+        && words.remainder().iter().all(|&b| b == 0)
+}
+
 /// Writes guest RAM to the memory file; returns (CRC-64, bytes). Pages of
 /// zeros are holes (a sparse file: a guest that touched little takes
 /// little disk). The file is written beside the old one and renamed over
@@ -415,7 +424,7 @@ pub fn write_memory(dir: &Path, mem: &GuestMemory) -> Result<(u64, u64), Snapsho
                 .map_err(|e| SnapshotError::Memory(e.to_string()))?;
             digest.update(chunk);
             for (i, page) in chunk.chunks(PAGE).enumerate() {
-                if page.iter().any(|&b| b != 0) {
+                if !is_zero(page) {
                     file.write_all_at(page, at + (i * PAGE) as u64)
                         .map_err(io_err(&part))?;
                 }
@@ -703,6 +712,26 @@ mod tests {
             "a file shorter than the layout is refused before it is mapped"
         );
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn zero_pages_are_told_apart() {
+        let mut page = vec![0u8; PAGE];
+        // (byte set, value)
+        let table = [
+            (None, true),
+            (Some(0), false),
+            (Some(PAGE - 1), false),
+            (Some(1000), false),
+        ];
+        for (at, zero) in table {
+            page.fill(0);
+            if let Some(at) = at {
+                page[at] = 1;
+            }
+            assert_eq!(is_zero(&page), zero, "{at:?}");
+        }
+        assert!(!is_zero(&[0, 0, 1]), "a short remainder");
     }
 
     /// A diff holds the marked pages, across two regions, and applying it

@@ -271,6 +271,8 @@ struct Waiting {
     stream: Stream,
     id: CaptureId,
     due: Instant,
+    /// Bytes it sent after its request, ignored up to [`LINGER_BYTES`].
+    extra: usize,
 }
 
 impl Waiting {
@@ -290,7 +292,12 @@ impl Waiting {
         let mut sink = [0u8; 512];
         let gone = match self.stream.read(&mut sink) {
             Ok(0) => true,
-            Ok(_) => false,
+            // A client that keeps sending while it waits is let go: it
+            // would keep the API thread reading.
+            Ok(n) => {
+                self.extra += n;
+                self.extra > LINGER_BYTES
+            }
             Err(e) => !matches!(
                 e.kind(),
                 io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
@@ -333,7 +340,14 @@ fn answer(mut stream: Stream, origin: Origin, cx: &mut Context<'_>) -> Option<Wa
     let response = match read_request(&mut stream) {
         Ok(request) => match route(&request, origin, cx) {
             Answer::Now(r) => r,
-            Answer::Profile { id, due } => return Some(Waiting { stream, id, due }),
+            Answer::Profile { id, due } => {
+                return Some(Waiting {
+                    stream,
+                    id,
+                    due,
+                    extra: 0,
+                });
+            }
         },
         Err(e) => {
             let status = e.status()?;
