@@ -379,8 +379,10 @@ impl LwpUnit {
             Store::Deferred,
         )?;
         if area.saved_record.iter().any(|&b| b != 0) {
-            block.missed_events += 1;
-            self.stats.records_missed += 1;
+            // MissedEvents comes from the guest's LWPCB: it may be at its
+            // maximum already.
+            block.missed_events = block.missed_events.saturating_add(1);
+            self.stats.records_missed = self.stats.records_missed.saturating_add(1);
         }
         self.block = Some(block);
         Ok(())
