@@ -29,17 +29,37 @@ const RING_GPA: u64 = 0x30_0000;
 const FLAGS: u32 = 0x2000_0000;
 
 fn guest() -> (GuestMemory, u64) {
+    ring_guest(RING_SIZE, false)
+}
+
+/// A guest whose LWPCB at CB names a ring of `size` bytes at RING, mapped
+/// to RAM from RING_GPA on, or, with `alias`, every ring page to the one
+/// page there (so a 256 MiB ring fits 16 MiB of RAM); returns its memory
+/// and CR3.
+fn ring_guest(size: u32, alias: bool) -> (GuestMemory, u64) {
     let mem = GuestMemory::from_ranges(&[(GuestAddress(0), 16 << 20)]).unwrap();
     let cr3 = {
-        let mut pt = PageTables::new(&mem, 0x1000, 0x10_0000).unwrap();
+        let mut pt = PageTables::new(&mem, 0x1000, 0x20_0000).unwrap();
         pt.map_range(CB, CB_GPA, 0x1000, PteFlags::USER_RW).unwrap();
-        pt.map_range(RING, RING_GPA, u64::from(RING_SIZE), PteFlags::USER_RW)
-            .unwrap();
+        if alias {
+            for page in 0..u64::from(size).div_ceil(0x1000) {
+                pt.map(
+                    RING + page * 0x1000,
+                    RING_GPA,
+                    lwpvmm::guard::pagetable::PageSize::Size4K,
+                    PteFlags::USER_RW,
+                )
+                .unwrap();
+            }
+        } else {
+            pt.map_range(RING, RING_GPA, u64::from(size), PteFlags::USER_RW)
+                .unwrap();
+        }
         pt.cr3()
     };
     let fixed = LwpcbFixed {
         flags: FLAGS,
-        buffer_size_random: RING_SIZE,
+        buffer_size_random: size,
         buffer_base: RING,
         ..Default::default()
     };
@@ -123,33 +143,10 @@ fn per_call(n: u32, mut f: impl FnMut()) -> f64 {
     times[times.len() / 2]
 }
 
-/// A guest whose LWPCB names a ring of `size` bytes, every ring page
-/// aliasing one RAM page (so a 256 MiB ring fits 16 MiB of RAM), loaded;
-/// returns its memory, paging and the unit's component-62 image.
+/// The aliased ring guest of `size` bytes, its block loaded: its memory,
+/// paging and the unit's component-62 image.
 fn loaded(size: u32) -> (GuestMemory, Paging, lwpvmm::lwp::xsave::LwpXsaveArea) {
-    let mem = GuestMemory::from_ranges(&[(GuestAddress(0), 16 << 20)]).unwrap();
-    let cr3 = {
-        let mut pt = PageTables::new(&mem, 0x1000, 0x20_0000).unwrap();
-        pt.map_range(CB, CB_GPA, 0x1000, PteFlags::USER_RW).unwrap();
-        for page in 0..u64::from(size).div_ceil(0x1000) {
-            pt.map(
-                RING + page * 0x1000,
-                RING_GPA,
-                lwpvmm::guard::pagetable::PageSize::Size4K,
-                PteFlags::USER_RW,
-            )
-            .unwrap();
-        }
-        pt.cr3()
-    };
-    let fixed = LwpcbFixed {
-        flags: FLAGS,
-        buffer_size_random: size,
-        buffer_base: RING,
-        ..Default::default()
-    };
-    mem.write_slice(fixed.as_slice(), GuestAddress(CB_GPA))
-        .unwrap();
+    let (mem, cr3) = ring_guest(size, true);
     let mut u = unit();
     let area = {
         let mut view = GuestView::new(&mem, paging(cr3));

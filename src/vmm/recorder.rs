@@ -304,8 +304,30 @@ mod tests {
 
     #[test]
     fn a_paused_trace_is_not_written() {
-        let r = Recorder::new(None, true, 0);
-        assert_eq!(r.trace_on(), None);
-        assert!(!r.set_trace(true), "no trace file to resume");
+        let path = std::env::temp_dir().join(format!("lwpvmm-recorder-{}", std::process::id()));
+        let header = crate::profile::trace::TraceHeader {
+            lwpvmm_trace: crate::profile::trace::TRACE_VERSION,
+            profile: "emulated".into(),
+            sample_hz: 0,
+        };
+        let writer = TraceWriter::create(&path, &header, u64::MAX).unwrap();
+        let r = Recorder::new(Some(writer), false, 0);
+        let count = |r: &Recorder| {
+            r.flush().unwrap();
+            let mut n = 0;
+            crate::profile::trace::for_each_record(&path, |_| {}, |_| n += 1).unwrap();
+            n
+        };
+        // (trace on, records then in the file)
+        for (on, want) in [(true, 1), (false, 1), (true, 2)] {
+            assert!(r.set_trace(on));
+            assert_eq!(r.trace_on(), Some(on));
+            r.records(&[record(5)]);
+            assert_eq!(count(&r), want, "trace {on}");
+        }
+        let _ = std::fs::remove_file(&path);
+        let without = Recorder::new(None, true, 0);
+        assert_eq!(without.trace_on(), None);
+        assert!(!without.set_trace(true), "no trace file to resume");
     }
 }

@@ -34,10 +34,7 @@ HOT(hot_4, 4)
 
 static void drain(void)
 {
-	__slwpcb();
-	samples += (cb.head + sizeof(ring) - cb.tail) % sizeof(ring) /
-		   sizeof(struct lwp_record);
-	cb.tail = cb.head;
+	samples += drain_ring(&cb, sizeof(ring));
 }
 
 int main(int argc, char **argv)
@@ -45,13 +42,7 @@ int main(int argc, char **argv)
 	time_t end = argc > 1 ? time(0) + atoi(argv[1]) : 0;
 	int i;
 
-	memset(&cb, 0, sizeof(cb));
-	memset(ring, 0, sizeof(ring));
-	cb.flags = LWP_CNH;
-	cb.buffer_size = sizeof(ring);
-	cb.buffer_base = (unsigned long long)ring;
-	cb.events[LWP_EVENT_CNH - 1].interval = 0xfffff;
-	__llwpcb(&cb);
+	cnh_sampling(&cb, ring, sizeof(ring));
 	check("LLWPCB grants CNH", cb.flags == LWP_CNH);
 	for (i = 0; end ? time(0) < end : i < ROUNDS; i++) {
 		hot_1();

@@ -37,23 +37,14 @@ static void __attribute__((noinline)) warm_caller(int rounds)
 
 static void drain(void)
 {
-	__slwpcb();
-	samples += (cb.head + sizeof(ring) - cb.tail) % sizeof(ring) /
-		   sizeof(struct lwp_record);
-	cb.tail = cb.head;
+	samples += drain_ring(&cb, sizeof(ring));
 }
 
 int main(int argc, char **argv)
 {
 	time_t end = time(0) + (argc > 1 ? atoi(argv[1]) : 5);
 
-	memset(&cb, 0, sizeof(cb));
-	memset(ring, 0, sizeof(ring));
-	cb.flags = LWP_CNH;
-	cb.buffer_size = sizeof(ring);
-	cb.buffer_base = (unsigned long long)ring;
-	cb.events[LWP_EVENT_CNH - 1].interval = 0xfffff;
-	__llwpcb(&cb);
+	cnh_sampling(&cb, ring, sizeof(ring));
 	check("LLWPCB grants CNH", cb.flags == LWP_CNH);
 	while (time(0) < end) {
 		warm_caller(8);

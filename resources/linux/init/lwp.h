@@ -95,6 +95,32 @@ static __attribute__((unused)) void check_eq(const char *name, unsigned long lon
 }
 
 /* CPUID 0x8000001C.EAX as the kernel sees it (/proc/lwp_cpuid), or 0. */
+/* Loads `cb` with sampled CPU clocks (CNH) every 2^20 cycles into `ring`
+ * of `size` bytes, as the sampling programs (lwp-hot, lwp-warm) do. */
+static __attribute__((unused)) void cnh_sampling(struct lwpcb *cb, struct lwp_record *ring,
+						unsigned int size)
+{
+	memset(cb, 0, sizeof(*cb));
+	memset(ring, 0, size);
+	cb->flags = LWP_CNH;
+	cb->buffer_size = size;
+	cb->buffer_base = (unsigned long)ring;
+	cb->events[LWP_EVENT_CNH - 1].interval = 0xfffff;
+	__llwpcb(cb);
+}
+
+/* Flushes `cb` and empties its ring of `size` bytes, as a profiler reads
+ * it: returns the records it held. */
+static __attribute__((unused)) unsigned long long drain_ring(struct lwpcb *cb, unsigned int size)
+{
+	unsigned long long n;
+
+	__slwpcb();
+	n = (cb->head + size - cb->tail) % size / sizeof(struct lwp_record);
+	cb->tail = cb->head;
+	return n;
+}
+
 static __attribute__((unused)) unsigned int lwp_enabled(void)
 {
 	char buf[64];

@@ -573,6 +573,15 @@ mod tests {
         handle
     }
 
+    /// The routes' context over `vm`, without a sysroot or a capture.
+    fn context(vm: &VmmHandle) -> Context<'_> {
+        Context {
+            vm,
+            sysroot: None,
+            started: None,
+        }
+    }
+
     #[test]
     fn endpoints() {
         use Origin::{Tcp, Unix};
@@ -777,11 +786,7 @@ mod tests {
             ),
         ];
         let vm = vm();
-        let mut cx = Context {
-            vm: &vm,
-            sysroot: None,
-            started: None,
-        };
+        let mut cx = context(&vm);
         for &(origin, method, path, body, status, text) in table {
             let request = Request {
                 method: method.into(),
@@ -808,11 +813,7 @@ mod tests {
             query: None,
             body: Vec::new(),
         };
-        let mut cx = Context {
-            vm: &vm,
-            sysroot: None,
-            started: None,
-        };
+        let mut cx = context(&vm);
         assert_eq!(
             route(&request, Origin::Tcp, &mut cx),
             Answer::Now(Response::fault(503, "the VM is not running"))
@@ -834,11 +835,7 @@ mod tests {
         ];
         let vm = vm();
         for &(query, want) in table {
-            let mut cx = Context {
-                vm: &vm,
-                sysroot: None,
-                started: None,
-            };
+            let mut cx = context(&vm);
             let request = Request {
                 method: "GET".into(),
                 path: "/debug/pprof/profile".into(),
