@@ -8,6 +8,7 @@
 mod error;
 pub mod pagetable;
 pub mod paging;
+mod ram;
 mod view;
 
 pub use error::{GuardError, Level};

@@ -8,12 +8,11 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use vm_memory::bitmap::Bitmap;
-use vm_memory::{
-    Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion, VolatileMemory,
-};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryRegion, VolatileMemory};
 
 use super::GuestMemory;
 use super::error::{GuardError, Level};
+use super::ram::Ram;
 use crate::lwp::cpuid::CpuidEntry;
 
 const PTE_PRESENT: u64 = 1 << 0;
@@ -225,12 +224,23 @@ pub fn translate(
     access: Access,
     marking: Marking,
 ) -> Result<Translation, GuardError> {
+    translate_in(&mut Ram::new(mem), paging, address, access, marking)
+}
+
+/// [`translate`] within one guard operation's RAM accesses.
+pub(crate) fn translate_in(
+    ram: &mut Ram<'_>,
+    paging: &Paging,
+    address: u64,
+    access: Access,
+    marking: Marking,
+) -> Result<Translation, GuardError> {
     if !is_canonical(address) {
         return Err(GuardError::NonCanonical { address });
     }
     for _ in 0..WALK_ATTEMPTS {
-        let walked = walk(mem, paging, address, access, None)?;
-        if marking == Marking::Probe || set_accessed_dirty(mem, &walked, access)? {
+        let walked = walk(ram, paging, address, access, None)?;
+        if marking == Marking::Probe || set_accessed_dirty(ram, &walked, access)? {
             return Ok(walked.translation);
         }
     }
@@ -248,8 +258,8 @@ pub struct TableCache {
 
 /// Translates `address` for `access` as a probe (nothing marked), reusing
 /// the upper-level entries `cache` holds from the probe before it.
-pub fn probe_cached(
-    mem: &GuestMemory,
+pub(crate) fn probe_cached(
+    ram: &mut Ram<'_>,
     paging: &Paging,
     address: u64,
     access: Access,
@@ -258,11 +268,11 @@ pub fn probe_cached(
     if !is_canonical(address) {
         return Err(GuardError::NonCanonical { address });
     }
-    walk(mem, paging, address, access, Some(cache)).map(|w| w.translation)
+    walk(ram, paging, address, access, Some(cache)).map(|w| w.translation)
 }
 
 fn walk(
-    mem: &GuestMemory,
+    ram: &mut Ram<'_>,
     paging: &Paging,
     address: u64,
     access: Access,
@@ -283,13 +293,11 @@ fn walk(
             .map(|(_, entry)| entry);
         let entry: u64 = match cached {
             Some(entry) => entry,
-            None => mem
-                .load(GuestAddress(gpa), Ordering::Acquire)
-                .map_err(|_| GuardError::TableOutsideRam {
-                    address,
-                    level,
-                    gpa,
-                })?,
+            None => ram.load_u64(gpa).ok_or(GuardError::TableOutsideRam {
+                address,
+                level,
+                gpa,
+            })?,
         };
         if let Some(slot) = cache.as_deref_mut().and_then(|c| c.entries.get_mut(depth)) {
             *slot = Some((gpa, entry));
@@ -434,7 +442,7 @@ fn check_permissions(
 /// a compare-and-exchange so that an entry another vCPU changed meanwhile is
 /// never overwritten. Returns false when the walk must be redone.
 fn set_accessed_dirty(
-    mem: &GuestMemory,
+    ram: &mut Ram<'_>,
     walked: &Walked,
     access: Access,
 ) -> Result<bool, GuardError> {
@@ -447,7 +455,7 @@ fn set_accessed_dirty(
         if want == entry {
             continue;
         }
-        let swapped = atomic_entry(mem, gpa, |e| {
+        let swapped = atomic_entry(ram, gpa, |e| {
             e.compare_exchange(entry, want, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
         });
@@ -468,18 +476,14 @@ fn set_accessed_dirty(
 
 /// Runs `f` on the paging entry at `gpa` as an atomic; `None` when the
 /// entry is not in guest RAM.
-fn atomic_entry<T>(mem: &GuestMemory, gpa: u64, f: impl FnOnce(&AtomicU64) -> T) -> Option<T> {
-    let addr = GuestAddress(gpa);
-    let region = mem.find_region(addr)?;
-    let offset = addr.checked_offset_from(region.start_addr())?;
-    let slice = region
-        .get_slice(vm_memory::MemoryRegionAddress(offset), 8)
-        .ok()?;
+fn atomic_entry<T>(ram: &mut Ram<'_>, gpa: u64, f: impl FnOnce(&AtomicU64) -> T) -> Option<T> {
+    let (region, offset) = ram.region(gpa, 8)?;
+    let slice = region.get_slice(offset, 8).ok()?;
     let atomic = slice.get_atomic_ref::<AtomicU64>(0).ok()?;
     let done = f(atomic);
     // An atomic reference bypasses vm-memory's dirty marking: the entry's
     // Accessed/Dirty update is a write the diff snapshots must see.
-    region.bitmap().mark_dirty(offset as usize, 8);
+    region.bitmap().mark_dirty(offset.0 as usize, 8);
     Some(done)
 }
 

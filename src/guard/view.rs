@@ -2,14 +2,15 @@
 //! split at page boundaries, each page translated and its physical range
 //! checked against guest RAM on every call.
 
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
-
 use crate::lwp::fault::GuestFault;
 use crate::lwp::memory::UserMemory;
 
 use super::GuestMemory;
 use super::error::GuardError;
-use super::paging::{Access, Marking, Paging, TableCache, is_canonical, probe_cached, translate};
+use super::paging::{
+    Access, Marking, Paging, TableCache, is_canonical, probe_cached, translate, translate_in,
+};
+use super::ram::Ram;
 
 /// Guest memory as seen through one vCPU's page tables.
 #[derive(Debug, Clone, Copy)]
@@ -41,7 +42,7 @@ impl<'a> GuestView<'a> {
     /// Checks that `len` bytes at `address` may be accessed as `access` and
     /// lie in guest RAM, without touching the data.
     pub fn check(&self, address: u64, len: u64, access: Access) -> Result<(), GuardError> {
-        self.each_page(address, len, access, Marking::Probe, |_, _, _| Ok(()))
+        self.each_page(address, len, access, Marking::Probe, |_, _, _, _| Ok(()))
     }
 
     /// Reads `buf.len()` bytes at `address` as `access`.
@@ -52,13 +53,13 @@ impl<'a> GuestView<'a> {
             buf.len() as u64,
             access,
             marking,
-            |gpa, at, len| {
-                self.mem
-                    .read_slice(&mut buf[at..at + len], GuestAddress(gpa))
-                    .map_err(|_| GuardError::PageOutsideRam {
+            |ram, gpa, at, len| {
+                ram.read(gpa, &mut buf[at..at + len]).then_some(()).ok_or(
+                    GuardError::PageOutsideRam {
                         address: address.wrapping_add(at as u64),
                         gpa,
-                    })
+                    },
+                )
             },
         )
     }
@@ -75,10 +76,10 @@ impl<'a> GuestView<'a> {
             buf.len() as u64,
             access,
             marking,
-            |gpa, at, len| {
-                self.mem
-                    .write_slice(&buf[at..at + len], GuestAddress(gpa))
-                    .map_err(|_| GuardError::PageOutsideRam {
+            |ram, gpa, at, len| {
+                ram.write(gpa, &buf[at..at + len])
+                    .then_some(())
+                    .ok_or(GuardError::PageOutsideRam {
                         address: address.wrapping_add(at as u64),
                         gpa,
                     })
@@ -87,14 +88,14 @@ impl<'a> GuestView<'a> {
     }
 
     /// Walks `[address, address + len)` a page at a time; for each piece
-    /// checks RAM and calls `f(gpa, offset into the range, length)`.
+    /// checks RAM and calls `f(ram, gpa, offset into the range, length)`.
     fn each_page(
         &self,
         address: u64,
         len: u64,
         access: Access,
         marking: Marking,
-        mut f: impl FnMut(u64, usize, usize) -> Result<(), GuardError>,
+        mut f: impl FnMut(&mut Ram<'a>, u64, usize, usize) -> Result<(), GuardError>,
     ) -> Result<(), GuardError> {
         if len == 0 {
             return Ok(());
@@ -109,24 +110,24 @@ impl<'a> GuestView<'a> {
         }
         let mut done = 0u64;
         let mut tables = TableCache::default();
+        let mut ram = Ram::new(self.mem);
         while done < len {
             let at = address + done;
             let t = match marking {
-                Marking::Probe => probe_cached(self.mem, &self.paging, at, access, &mut tables)?,
+                Marking::Probe => probe_cached(&mut ram, &self.paging, at, access, &mut tables)?,
                 Marking::SetAccessedDirty => {
-                    translate(self.mem, &self.paging, at, access, marking)?
+                    translate_in(&mut ram, &self.paging, at, access, marking)?
                 }
             };
             let piece = t.page_remaining.min(len - done);
-            let in_ram = usize::try_from(piece)
-                .is_ok_and(|n| GuestMemoryBackend::check_range(self.mem, GuestAddress(t.gpa), n));
+            let in_ram = usize::try_from(piece).is_ok_and(|n| ram.contains(t.gpa, n));
             if !in_ram {
                 return Err(GuardError::PageOutsideRam {
                     address: at,
                     gpa: t.gpa,
                 });
             }
-            f(t.gpa, done as usize, piece as usize)?;
+            f(&mut ram, t.gpa, done as usize, piece as usize)?;
             done += piece;
         }
         Ok(())
@@ -164,8 +165,11 @@ impl UserMemory for GuestView<'_> {
             .map_err(|e| e.fault())?;
         // Each 4 KiB page of the span translated once, with Accessed and
         // Dirty set as the stores would; the span is a block of a few
-        // hundred bytes, so a page or two.
-        let mut pages: Vec<(u64, u64)> = Vec::with_capacity(2);
+        // hundred bytes, so a page or two (a longer span's pages take turns
+        // in the two slots).
+        let mut pages = [(u64::MAX, 0u64); 2];
+        let mut next = 0;
+        let mut ram = Ram::new(self.mem);
         for &(offset, bytes) in fields {
             let start = base
                 .checked_add(offset)
@@ -177,24 +181,25 @@ impl UserMemory for GuestView<'_> {
                 let gpa_page = match pages.iter().find(|(p, _)| *p == page) {
                     Some(&(_, g)) => g,
                     None => {
-                        let t = translate(
-                            self.mem,
+                        let t = translate_in(
+                            &mut ram,
                             &self.paging,
                             page,
                             Access::UserWrite,
                             Marking::SetAccessedDirty,
                         )
                         .map_err(|e| e.fault())?;
-                        pages.push((page, t.gpa));
+                        pages[next] = (page, t.gpa);
+                        next = (next + 1) % pages.len();
                         t.gpa
                     }
                 };
                 let in_page = (0x1000 - (at & 0xfff)) as usize;
                 let piece = in_page.min(bytes.len() - done);
                 let gpa = gpa_page + (at & 0xfff);
-                self.mem
-                    .write_slice(&bytes[done..done + piece], GuestAddress(gpa))
-                    .map_err(|_| GuardError::PageOutsideRam { address: at, gpa }.fault())?;
+                if !ram.write(gpa, &bytes[done..done + piece]) {
+                    return Err(GuardError::PageOutsideRam { address: at, gpa }.fault());
+                }
                 done += piece;
             }
         }

@@ -522,16 +522,19 @@ impl LwpUnit {
     fn flush(&mut self, mem: &mut dyn UserMemory) {
         let Some(b) = self.block else { return };
         let max = usize::from(self.caps.max_events()).min(MAX_EVENT_ID);
-        let counters: Vec<[u8; 4]> = (1..=max)
-            .map(|id| to_s26(b.events[id].counter).to_le_bytes())
-            .collect();
+        let mut counters = [[0u8; 4]; MAX_EVENT_ID];
+        for (id, c) in (1..=max).zip(counters.iter_mut()) {
+            *c = to_s26(b.events[id].counter).to_le_bytes();
+        }
         let (head, missed) = (b.head.to_le_bytes(), b.missed_events.to_le_bytes());
-        let mut fields: Vec<(u64, &[u8])> = vec![(OFF_HEAD, &head), (OFF_MISSED, &missed)];
-        for (id, c) in (1..=max).zip(&counters) {
-            fields.push((LoadedLwpcb::interval_offset(&self.caps, id) + 4, c));
+        let mut fields: [(u64, &[u8]); 2 + MAX_EVENT_ID] = [(0, &[]); 2 + MAX_EVENT_ID];
+        fields[0] = (OFF_HEAD, &head);
+        fields[1] = (OFF_MISSED, &missed);
+        for (id, (field, c)) in (1..=max).zip(fields[2..].iter_mut().zip(&counters)) {
+            *field = (LoadedLwpcb::interval_offset(&self.caps, id) + 4, c);
         }
         if mem
-            .write_user_fields(b.address, self.cb_len() as u64, &fields)
+            .write_user_fields(b.address, self.cb_len() as u64, &fields[..2 + max])
             .is_ok()
         {
             return;

@@ -111,6 +111,10 @@ pub fn create(
         });
     }
     let vm = Arc::new(kvm.create_vm().map_err(setup("KVM_CREATE_VM"))?);
+    // First, while the VM's SRCU is idle: after the irqchip and the PIT have
+    // registered their devices, the filter's synchronize_srcu waits out a
+    // full grace period (14-22 ms on the nested host, against 0.05 ms here).
+    route_lwp_msrs(&vm)?;
     let mem = Arc::new(match memory_file {
         Some(file) => boot::memory_from_file(spec.memory_mib, file)?,
         None => boot::create_memory(spec.memory_mib)?,
@@ -124,7 +128,6 @@ pub fn create(
         ..Default::default()
     };
     vm.create_pit2(pit).map_err(setup("KVM_CREATE_PIT2"))?;
-    route_lwp_msrs(&vm)?;
     let serial_irq = EventFd::new(EFD_NONBLOCK).map_err(|source| VmError::Thread {
         what: "serial interrupt",
         source,
