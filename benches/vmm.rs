@@ -129,18 +129,42 @@ fn wall_ms(args: &[&str], env: Option<(&str, &str)>, status: i32) -> f64 {
 /// memory (as lwpvmm's run is given) and one vCPU, and runs a guest whose
 /// first instruction is HLT, which exits to userspace at once. Nothing
 /// else: no irqchip, no MSR filter, no CPUID table, no devices, no
-/// threads. With `irqchip`, the VM also gets KVM's in-kernel irqchip and
-/// PIT as lwpvmm's does (and the guest an OUT instead, since the in-kernel
-/// LAPIC keeps a HLT to itself): KVM's own price for those devices,
-/// mostly SRCU grace periods when the VM is torn down.
-fn bare_vm(irqchip: bool) {
+/// threads. `Irqchip` adds KVM's in-kernel irqchip and PIT as lwpvmm's VM
+/// has them, `Split` KVM's split irqchip (local APICs in the kernel, no
+/// IOAPIC, PIC or PIT there) as a VMM with a userspace IOAPIC would; with
+/// either the guest runs an OUT instead, since an in-kernel local APIC
+/// keeps a HLT to itself. Their difference is KVM's own price for the
+/// in-kernel devices, mostly SRCU grace periods when the VM is torn down.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Bare {
+    Plain,
+    Irqchip,
+    Split,
+}
+
+impl Bare {
+    /// The `BARE_VM` value that selects it.
+    fn env(self) -> &'static str {
+        match self {
+            Bare::Plain => "1",
+            Bare::Irqchip => "irqchip",
+            Bare::Split => "split",
+        }
+    }
+}
+
+fn bare_vm(kind: Bare) {
     use kvm_ioctls::{Kvm, VcpuExit};
     let kvm = Kvm::new().expect("/dev/kvm");
     let vm = kvm.create_vm().expect("KVM_CREATE_VM");
     let mem = lwpvmm::guard::GuestMemory::from_ranges(&[(vm_memory::GuestAddress(0), 64 << 20)])
         .expect("64 MiB");
     use vm_memory::{Bytes, GuestMemoryBackend};
-    let code: &[u8] = if irqchip { &[0xe6, 0x80] } else { &[0xf4] };
+    let code: &[u8] = if kind == Bare::Plain {
+        &[0xf4]
+    } else {
+        &[0xe6, 0x80]
+    };
     mem.write_slice(code, vm_memory::GuestAddress(0x1000))
         .expect("the guest's one instruction");
     let host = mem
@@ -156,14 +180,25 @@ fn bare_vm(irqchip: bool) {
     // SAFETY: the region is `mem`'s own mapping, which outlives the VM in
     // this function.
     unsafe { vm.set_user_memory_region(region) }.expect("KVM_SET_USER_MEMORY_REGION");
-    if irqchip {
-        vm.set_tss_address(0xfffb_d000).expect("KVM_SET_TSS_ADDR");
-        vm.create_irq_chip().expect("KVM_CREATE_IRQCHIP");
-        let pit = kvm_bindings::kvm_pit_config {
-            flags: kvm_bindings::KVM_PIT_SPEAKER_DUMMY,
-            ..Default::default()
-        };
-        vm.create_pit2(pit).expect("KVM_CREATE_PIT2");
+    match kind {
+        Bare::Plain => {}
+        Bare::Irqchip => {
+            vm.set_tss_address(0xfffb_d000).expect("KVM_SET_TSS_ADDR");
+            vm.create_irq_chip().expect("KVM_CREATE_IRQCHIP");
+            let pit = kvm_bindings::kvm_pit_config {
+                flags: kvm_bindings::KVM_PIT_SPEAKER_DUMMY,
+                ..Default::default()
+            };
+            vm.create_pit2(pit).expect("KVM_CREATE_PIT2");
+        }
+        Bare::Split => {
+            let split = kvm_bindings::kvm_enable_cap {
+                cap: kvm_bindings::KVM_CAP_SPLIT_IRQCHIP,
+                args: [24, 0, 0, 0],
+                ..Default::default()
+            };
+            vm.enable_cap(&split).expect("KVM_CAP_SPLIT_IRQCHIP");
+        }
     }
     let mut vcpu = vm.create_vcpu(0).expect("KVM_CREATE_VCPU");
     let mut sregs = vcpu.get_sregs().expect("KVM_GET_SREGS");
@@ -177,8 +212,8 @@ fn bare_vm(irqchip: bool) {
     };
     vcpu.set_regs(&regs).expect("KVM_SET_REGS");
     match vcpu.run().expect("KVM_RUN") {
-        VcpuExit::Hlt if !irqchip => {}
-        VcpuExit::IoOut(0x80, _) if irqchip => {}
+        VcpuExit::Hlt if kind == Bare::Plain => {}
+        VcpuExit::IoOut(0x80, _) if kind != Bare::Plain => {}
         other => panic!("the bare guest exited with {other:?}"),
     }
 }
@@ -290,23 +325,28 @@ fn starts() {
     let me = std::env::current_exe().expect("the bench binary");
     let bare: Vec<&str> = vec![me.to_str().expect("UTF-8 path")];
     // Interleaved, so that a slow spell of the host weighs on all alike.
-    let (mut lw, mut bw, mut iw, mut qw) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut lw, mut qw) = (Vec::new(), Vec::new());
+    let kinds = [Bare::Plain, Bare::Irqchip, Bare::Split];
+    let mut bare_ms: [Vec<f64>; 3] = Default::default();
     let qemu = has_qemu();
     for _ in 0..STARTS {
         lw.push(wall_ms(&lwpvmm_run, None, 1));
-        bw.push(wall_ms(&bare, Some(("BARE_VM", "1")), 0));
-        iw.push(wall_ms(&bare, Some(("BARE_VM", "irqchip")), 0));
+        for (kind, times) in kinds.iter().zip(bare_ms.iter_mut()) {
+            times.push(wall_ms(&bare, Some(("BARE_VM", kind.env())), 0));
+        }
         if qemu {
             qw.push(wall_ms(&qemu_run, None, 1));
         }
     }
-    let (lw, bw, iw) = (median(lw), median(bw), median(iw));
+    let lw = median(lw);
+    let [bw, iw, sw] = bare_ms.map(median);
     println!(
         "process start to exit ({STARTS} runs each, interleaved, median wall by the monotonic clock):"
     );
     println!("  lwpvmm, the minimal guest        {lw:>8.2} ms");
     println!("  bare harness: VM, vCPU, one HLT  {bw:>8.2} ms");
     println!("  the same + KVM's irqchip and PIT {iw:>8.2} ms");
+    println!("  the same + a split irqchip       {sw:>8.2} ms");
     println!("start lwpvmm/bare harness = {:.2}", lw / bw);
     println!(
         "start lwpvmm/bare harness with irqchip and PIT = {:.2}",
@@ -1345,7 +1385,11 @@ fn devices() {
 
 fn main() {
     if let Some(bare) = std::env::var_os("BARE_VM") {
-        bare_vm(bare == "irqchip");
+        let kind = [Bare::Irqchip, Bare::Split]
+            .into_iter()
+            .find(|k| bare == k.env())
+            .unwrap_or(Bare::Plain);
+        bare_vm(kind);
         return;
     }
     if !std::path::Path::new("/dev/kvm").exists() {

@@ -50,12 +50,11 @@ impl<'m> Ram<'m> {
         holds(r).map(|offset| (r, offset))
     }
 
-    /// The aligned 64-bit paging entry at `gpa`, read atomically.
+    /// The aligned 64-bit paging entry at `gpa`, read atomically (an atomic
+    /// access never spans regions, in vm-memory either).
     pub(crate) fn load_u64(&mut self, gpa: u64) -> Option<u64> {
-        match self.region(gpa, 8) {
-            Some((r, offset)) => r.load(offset, Ordering::Acquire).ok(),
-            None => self.mem.load(GuestAddress(gpa), Ordering::Acquire).ok(),
-        }
+        let (r, offset) = self.region(gpa, 8)?;
+        r.load(offset, Ordering::Acquire).ok()
     }
 
     /// True when `[gpa, gpa + len)` lies in guest RAM.

@@ -113,7 +113,8 @@ pub fn create(
     let vm = Arc::new(kvm.create_vm().map_err(setup("KVM_CREATE_VM"))?);
     // First, while the VM's SRCU is idle: after the irqchip and the PIT have
     // registered their devices, the filter's synchronize_srcu waits out a
-    // full grace period (14-22 ms on the nested host, against 0.05 ms here).
+    // full grace period (most of a start on the nested host: 34 ms against
+    // 24 ms with the filter first, `cargo bench --bench vmm -- starts`).
     route_lwp_msrs(&vm)?;
     let mem = Arc::new(match memory_file {
         Some(file) => boot::memory_from_file(spec.memory_mib, file)?,
