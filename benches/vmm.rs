@@ -2,10 +2,11 @@
 //! - the paravirtual LWPINS round trip from CPL3 against a CPL3 port-I/O
 //!   exit and against a CPL3 UD2 taken through the same #UD doorbell;
 //! - an LWP_CFG RDMSR exit against a CPL0 port-I/O exit;
-//! - process start to exit of the minimal guest under lwpvmm, against the
-//!   bare floor (this binary creating a VM and a vCPU and running one HLT)
-//!   and, when `qemu-system-x86_64` is installed, QEMU's microvm: wall
-//!   time by the monotonic clock, medians of interleaved runs;
+//! - process start to exit under lwpvmm of a guest that exits at once
+//!   against the bare floor (this binary creating a VM and a vCPU and
+//!   running one instruction), and of the minimal guest against QEMU's
+//!   microvm when `qemu-system-x86_64` is installed: wall time by the
+//!   monotonic clock, medians of interleaved runs;
 //! - snapshot and restore time of a 256 MiB guest, and the snapshot's size;
 //! - the sampler: CPL3 throughput lost per kick against the bare exit (a
 //!   CPL3 port-I/O round trip) and where the rest goes; a sample with its
@@ -129,12 +130,12 @@ fn wall_ms(args: &[&str], env: Option<(&str, &str)>, status: i32) -> f64 {
 /// memory (as lwpvmm's run is given) and one vCPU, and runs a guest whose
 /// first instruction is HLT, which exits to userspace at once. Nothing
 /// else: no irqchip, no MSR filter, no CPUID table, no devices, no
-/// threads. `Irqchip` adds KVM's in-kernel irqchip and PIT as lwpvmm's VM
-/// has them, `Split` KVM's split irqchip (local APICs in the kernel, no
-/// IOAPIC, PIC or PIT there) as a VMM with a userspace IOAPIC would; with
-/// either the guest runs an OUT instead, since an in-kernel local APIC
-/// keeps a HLT to itself. Their difference is KVM's own price for the
-/// in-kernel devices, mostly SRCU grace periods when the VM is torn down.
+/// threads. `Split` adds KVM's split irqchip (local APICs in the kernel,
+/// no IOAPIC, PIC or PIT there) as lwpvmm's VM has it, `Irqchip` KVM's
+/// in-kernel irqchip and PIT, as lwpvmm's VM had them; with either the
+/// guest runs an OUT instead, since an in-kernel local APIC keeps a HLT to
+/// itself. Their difference is KVM's own price for the in-kernel devices,
+/// mostly SRCU grace periods when the VM is torn down.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Bare {
     Plain,
@@ -309,57 +310,129 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// A 64-bit ELF kernel whose first instruction exits through the exit port
+/// (lwpvmm's 64-bit entry: long mode, identity-mapped), the guest of the
+/// bare harness's kind: the start-up ratio then compares VMMs, not guests.
+fn exit_at_once_elf() -> Vec<u8> {
+    const BASE: u64 = 0x10_0000;
+    const EHDR: u64 = 64;
+    const PHDR: u64 = 56;
+    // mov $0, %al; out %al, $0xf4; hlt
+    let code = [0xb0, 0x00, 0xe6, 0xf4, 0xf4];
+    let entry = BASE + EHDR + PHDR;
+    let size = EHDR + PHDR + code.len() as u64;
+    let mut elf = vec![0x7f, b'E', b'L', b'F', 2, 1, 1, 0];
+    elf.resize(16, 0);
+    let half = |v: u16| v.to_le_bytes().to_vec();
+    let word = |v: u32| v.to_le_bytes().to_vec();
+    let quad = |v: u64| v.to_le_bytes().to_vec();
+    for field in [
+        half(2),    // ET_EXEC
+        half(0x3e), // x86-64
+        word(1),
+        quad(entry),
+        quad(EHDR), // program headers
+        quad(0),    // no section headers
+        word(0),
+        half(EHDR as u16),
+        half(PHDR as u16),
+        half(1),
+        half(0),
+        half(0),
+        half(0),
+    ] {
+        elf.extend(field);
+    }
+    for field in [
+        word(1), // PT_LOAD
+        word(5), // R+X
+        quad(0),
+        quad(BASE),
+        quad(BASE),
+        quad(size),
+        quad(size),
+        quad(0x1000),
+    ] {
+        elf.extend(field);
+    }
+    elf.extend(code);
+    elf
+}
+
 fn starts() {
-    let elf = std::env::temp_dir().join(format!("lwpvmm-bench-{}-minimal.elf", std::process::id()));
-    std::fs::write(&elf, lwpvmm::guests::get("minimal").expect("guest")).unwrap();
-    let kernel = elf.to_str().unwrap();
+    let guest_file = |name: &str, bytes: &[u8]| {
+        let path =
+            std::env::temp_dir().join(format!("lwpvmm-bench-{}-{name}.elf", std::process::id()));
+        std::fs::write(&path, bytes).unwrap();
+        path
+    };
+    let minimal = guest_file("minimal", lwpvmm::guests::get("minimal").expect("guest"));
+    let at_once = guest_file("exit", &exit_at_once_elf());
     let lwpvmm_bin = env!("CARGO_BIN_EXE_lwpvmm");
-    let lwpvmm_run: Vec<&str> = vec![lwpvmm_bin, "run", "--kernel", kernel, "--memory", "64"];
+    let run = |kernel: &PathBuf| -> Vec<String> {
+        [
+            lwpvmm_bin,
+            "run",
+            "--kernel",
+            kernel.to_str().unwrap(),
+            "--memory",
+            "64",
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    };
+    let (lwpvmm_minimal, lwpvmm_at_once) = (run(&minimal), run(&at_once));
     let qemu_args = qemu_microvm(&[
         "-device",
         "isa-debug-exit,iobase=0xf4,iosize=0x04",
         "-kernel",
-        kernel,
+        minimal.to_str().unwrap(),
     ]);
-    let qemu_run: Vec<&str> = qemu_args.iter().map(String::as_str).collect();
     let me = std::env::current_exe().expect("the bench binary");
     let bare: Vec<&str> = vec![me.to_str().expect("UTF-8 path")];
+    fn args(v: &[String]) -> Vec<&str> {
+        v.iter().map(String::as_str).collect()
+    }
     // Interleaved, so that a slow spell of the host weighs on all alike.
-    let (mut lw, mut qw) = (Vec::new(), Vec::new());
+    let (mut at_once_ms, mut minimal_ms, mut qemu_ms) = (Vec::new(), Vec::new(), Vec::new());
     let kinds = [Bare::Plain, Bare::Irqchip, Bare::Split];
     let mut bare_ms: [Vec<f64>; 3] = Default::default();
     let qemu = has_qemu();
     for _ in 0..STARTS {
-        lw.push(wall_ms(&lwpvmm_run, None, 1));
+        at_once_ms.push(wall_ms(&args(&lwpvmm_at_once), None, 1));
+        minimal_ms.push(wall_ms(&args(&lwpvmm_minimal), None, 1));
         for (kind, times) in kinds.iter().zip(bare_ms.iter_mut()) {
             times.push(wall_ms(&bare, Some(("BARE_VM", kind.env())), 0));
         }
         if qemu {
-            qw.push(wall_ms(&qemu_run, None, 1));
+            qemu_ms.push(wall_ms(&args(&qemu_args), None, 1));
         }
     }
-    let lw = median(lw);
+    let (lw, lm) = (median(at_once_ms), median(minimal_ms));
     let [bw, iw, sw] = bare_ms.map(median);
     println!(
         "process start to exit ({STARTS} runs each, interleaved, median wall by the monotonic clock):"
     );
-    println!("  lwpvmm, the minimal guest        {lw:>8.2} ms");
-    println!("  bare harness: VM, vCPU, one HLT  {bw:>8.2} ms");
-    println!("  the same + KVM's irqchip and PIT {iw:>8.2} ms");
-    println!("  the same + a split irqchip       {sw:>8.2} ms");
+    println!("  lwpvmm, a guest that exits at once {lw:>8.2} ms");
+    println!("  lwpvmm, the minimal guest          {lm:>8.2} ms  (it prints a line first)");
+    println!("  bare harness: VM, vCPU, one HLT    {bw:>8.2} ms");
+    println!("  the same + a split irqchip         {sw:>8.2} ms  (lwpvmm's irqchip)");
+    println!("  the same + KVM's irqchip and PIT   {iw:>8.2} ms  (what lwpvmm no longer has)");
     println!("start lwpvmm/bare harness = {:.2}", lw / bw);
     println!(
-        "start lwpvmm/bare harness with irqchip and PIT = {:.2}",
-        lw / iw
+        "start lwpvmm/bare harness with a split irqchip = {:.2}",
+        lw / sw
     );
+    println!("start lwpvmm minimal guest/bare harness = {:.2}", lm / bw);
     if qemu {
-        let qw = median(qw);
-        println!("  qemu -M microvm, the same guest  {qw:>8.2} ms");
-        println!("start lwpvmm/qemu = {:.2}", lw / qw);
+        let qw = median(qemu_ms);
+        println!("  qemu -M microvm, the minimal guest {qw:>8.2} ms");
+        println!("start lwpvmm/qemu = {:.2}", lm / qw);
     } else {
         println!("start lwpvmm/qemu = not measured (apt-get install qemu-system-x86)");
     }
-    let _ = std::fs::remove_file(elf);
+    let _ = std::fs::remove_file(minimal);
+    let _ = std::fs::remove_file(at_once);
 }
 
 /// Milliseconds in an info log line such as "... in 12.3 ms ...".

@@ -2,14 +2,15 @@
 //! XSDT, a FADT pointing at the PM registers (pm.rs), a DSDT that only
 //! names the S5 sleep type, and a MADT listing one local APIC per vCPU
 //! (APIC ID = vCPU index, as KVM gives its LAPICs and the CPUID topology
-//! says, topology.rs) and KVM's IOAPIC. Built with rust-vmm's
+//! says, topology.rs) and the IOAPIC (ioapic.rs); its flags do not claim
+//! 8259 PICs, which the machine does not have. Built with rust-vmm's
 //! `acpi_tables`; the kernel gets the RSDP's address from the boot protocol
 //! (PVH `rsdp_paddr`, `boot_params.acpi_rsdp_addr`), so it scans no memory.
 //!
 //! The platform is a full ACPI one, not hardware-reduced: a hardware-reduced
-//! FADT makes Linux drop the legacy PIT and PIC, and a kernel that cannot
-//! calibrate its TSC (none can under kvm_pvm's emulated CPL0) then has no
-//! tick at all. docs/design.md has the whole decision.
+//! FADT has no PM timer, which is what a kernel calibrates its TSC against
+//! under kvm_pvm's emulated CPL0 (pm.rs). docs/design.md has the whole
+//! decision.
 //!
 //! Pure: tables are bytes at fixed guest-physical addresses, tested
 //! without KVM.
@@ -37,17 +38,13 @@ pub const ACPI_END: u64 = 0x10_0000;
 pub const RSDP_ADDR: u64 = ACPI_START;
 /// The local APIC's base (KVM's default).
 pub const LAPIC_ADDR: u32 = 0xFEE0_0000;
-/// The IOAPIC's base (KVM's in-kernel IOAPIC).
-pub const IOAPIC_ADDR: u32 = 0xFEC0_0000;
-/// The IOAPIC's ID: what KVM's IOAPIC ID register holds after reset.
+/// The IOAPIC's base (lwpvmm's IOAPIC, ioapic.rs).
+pub const IOAPIC_ADDR: u32 = crate::vmm::ioapic::IOAPIC_BASE as u32;
+/// The IOAPIC's ID: what its ID register holds after reset.
 pub const IOAPIC_ID: u8 = 0;
 
 const OEM_ID: [u8; 6] = *b"LWPVMM";
 const OEM_REVISION: u32 = 1;
-/// MADT flag: the machine also has dual 8259 PICs (KVM's in-kernel PIC).
-const MADT_PCAT_COMPAT: u32 = 1;
-const MADT_FLAGS_OFFSET: usize = 40;
-const CHECKSUM_OFFSET: usize = 9;
 /// FADT IA-PC boot architecture flags: no VGA (bit 2), no CMOS RTC (bit
 /// 5): lwpvmm has neither.
 const IAPC_BOOT_ARCH: u16 = (1 << 2) | (1 << 5);
@@ -68,12 +65,6 @@ fn bytes(table: &dyn Aml) -> Vec<u8> {
     out
 }
 
-fn fix_checksum(table: &mut [u8]) {
-    table[CHECKSUM_OFFSET] = 0;
-    let sum = table.iter().fold(0u8, |s, b| s.wrapping_add(*b));
-    table[CHECKSUM_OFFSET] = sum.wrapping_neg();
-}
-
 fn madt(vcpus: u8) -> Vec<u8> {
     let mut madt = MADT::new(
         OEM_ID,
@@ -85,12 +76,8 @@ fn madt(vcpus: u8) -> Vec<u8> {
         madt.add_structure(ProcessorLocalApic::new(id, id, EnabledStatus::Enabled));
     }
     madt.add_structure(IoApic::new(IOAPIC_ID, IOAPIC_ADDR, 0));
-    // The crate leaves the MADT flags 0; KVM's machine has the PICs too.
-    let mut table = bytes(&madt);
-    table[MADT_FLAGS_OFFSET..MADT_FLAGS_OFFSET + 4]
-        .copy_from_slice(&MADT_PCAT_COMPAT.to_le_bytes());
-    fix_checksum(&mut table);
-    table
+    // The flags stay 0: no PCAT_COMPAT, since there are no 8259 PICs.
+    bytes(&madt)
 }
 
 fn fadt(dsdt: u64) -> Vec<u8> {
@@ -257,7 +244,7 @@ mod tests {
             let madt = table(&t, t.tables[4].0);
             assert_eq!(&madt[..4], b"APIC");
             assert_eq!(u32_at(madt, 36), LAPIC_ADDR);
-            assert_eq!(u32_at(madt, 40), MADT_PCAT_COMPAT);
+            assert_eq!(u32_at(madt, 40), 0, "no PCAT_COMPAT: no 8259 PICs");
             let s = madt_structures(madt);
             let lapics: Vec<(u8, u8, u32)> = s
                 .iter()

@@ -17,7 +17,7 @@ use super::cpuid;
 use super::devices::{POST_PORT, PortBus};
 use super::error::{VmError, setup};
 use super::guest_paging::PagingSource;
-use super::machine::{self, MachineSpec};
+use super::machine::{self, MachineSpec, Restored};
 use super::output::RunOutputs;
 use super::privilege;
 use super::pv::{DB_PORT, EXIT_PORT};
@@ -66,7 +66,7 @@ pub fn build_for_boot(config: &VmConfig) -> Result<Vmm, VmError> {
         spec,
         console,
         |out, irq| Ok(PortBus::new(out, irq)),
-        &[],
+        None,
         backend_for(&kvm, config.profile, config.guest),
         None,
     )?;
@@ -165,7 +165,10 @@ pub fn build_from_snapshot(config: &RestoreConfig) -> Result<Vmm, VmError> {
                 SnapshotError::Mismatch(format!("the serial port's state: {e}")).into()
             })
         },
-        &saved,
+        Some(Restored {
+            lwp: &saved,
+            ioapic: snap.ioapic,
+        }),
         backend_for(&kvm, snap.profile, snap.guest),
         Some(&memory_file),
     )?;
@@ -312,7 +315,7 @@ fn probe_step_backend(kvm: &Kvm) -> Result<StepBackend, VmError> {
         spec,
         Box::new(std::io::sink()),
         |out, irq| Ok(PortBus::new(out, irq)),
-        &[],
+        None,
         None,
         None,
     )?;

@@ -37,7 +37,7 @@ use crate::vmm::devices::GuestEnd;
 
 /// Everything the control thread owns.
 pub struct Control {
-    /// The VM (its irqchip, PIT and clock for snapshots).
+    /// The VM (its clock and dirty log for snapshots).
     pub vm: Arc<VmFd>,
     /// What the vCPUs share.
     pub shared: Arc<Shared>,
@@ -553,6 +553,7 @@ impl Control {
                 pages,
             },
             vm,
+            ioapic: self.shared.ioapic.state(),
             serial,
             pm,
             devices,

@@ -1,7 +1,8 @@
 //! The port-I/O devices: the 8250 UART at 0x3f8 (vm-superio), the ACPI PM
 //! registers (pm.rs), QEMU's isa-debug-exit port at 0xf4, the paravirtual
-//! power port, the two legacy ports a Linux guest needs answered (the CMOS
-//! data port and the keyboard controller's reset command), and the
+//! power port, the legacy ports a Linux guest needs answered (the CMOS
+//! data port, the keyboard controller's reset command, and the ports of the
+//! PICs this machine does not have), channel 2 of the PIT (pit.rs), and the
 //! paravirtual doorbell ports, which only the vCPU loop can answer (they
 //! need the vCPU's registers).
 
@@ -9,11 +10,13 @@ use std::fs::File;
 use std::io::{self, LineWriter, Write};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use vm_superio::serial::{NoEvents, SerialState};
 use vm_superio::{Serial, Trigger};
 use vmm_sys_util::eventfd::EventFd;
 
+use super::pit::Pit;
 use super::pm::{PM_LAST_PORT, PM1A_EVT_PORT, PmAction, PmRegisters, PmState};
 use super::pv::{DB_PORT, EXIT_PORT, POWER_PORT, PowerOp, SNAPSHOT_PORT, STATE_PORT, UD_PORT};
 use super::snapshot::SerialSnapshot;
@@ -35,6 +38,10 @@ const CMOS_DATA_PORT: u16 = 0x71;
 /// which is how Linux reboots with `reboot=k`.
 const KBD_COMMAND_PORT: u16 = 0x64;
 const KBD_RESET: u8 = 0xfe;
+/// The two 8259 PICs' ports. The machine has no PICs (ioapic.rs): writes
+/// are dropped and reads are all ones, which is how Linux's probe tells
+/// that there is no PIC, without a warning for each.
+const PIC_PORTS: [u16; 4] = [0x20, 0x21, 0xa0, 0xa1];
 
 /// Where the guest's serial output goes.
 #[derive(Debug, Clone)]
@@ -125,6 +132,9 @@ pub enum PortAction {
 pub struct PortBus {
     serial: Serial<IrqTrigger, NoEvents, Box<dyn Write + Send>>,
     pm: PmRegisters,
+    pit: Pit,
+    /// What the PIT's time counts from.
+    since: Instant,
     snapshot_port: bool,
 }
 
@@ -135,6 +145,8 @@ impl PortBus {
         PortBus {
             serial: Serial::new(IrqTrigger(irq), out),
             pm: PmRegisters::new(PmState::default()),
+            pit: Pit::default(),
+            since: Instant::now(),
             snapshot_port: false,
         }
     }
@@ -169,6 +181,8 @@ impl PortBus {
         Ok(PortBus {
             serial,
             pm: PmRegisters::new(pm),
+            pit: Pit::default(),
+            since: Instant::now(),
             snapshot_port: false,
         })
     }
@@ -227,6 +241,11 @@ impl PortBus {
             }
             EXIT_PORT => PortAction::End(GuestEnd::ExitPort(value)),
             POST_PORT | CMOS_INDEX_PORT | CMOS_DATA_PORT => PortAction::Handled,
+            p if Pit::claims(p) => {
+                self.pit.write(p, value, self.since.elapsed());
+                PortAction::Handled
+            }
+            p if PIC_PORTS.contains(&p) => PortAction::Handled,
             KBD_COMMAND_PORT if value == KBD_RESET => PortAction::End(GuestEnd::Reboot),
             POWER_PORT => match PowerOp::try_from(value) {
                 Ok(PowerOp::Off) => PortAction::End(GuestEnd::PowerOff),
@@ -243,6 +262,15 @@ impl PortBus {
         match port {
             CMOS_DATA_PORT => {
                 data.fill(0);
+                PortAction::Handled
+            }
+            p if Pit::claims(p) => {
+                let v = self.pit.read(p, self.since.elapsed());
+                data.fill(v);
+                PortAction::Handled
+            }
+            p if PIC_PORTS.contains(&p) => {
+                data.fill(0xff);
                 PortAction::Handled
             }
             PM1A_EVT_PORT..=PM_LAST_PORT => {
@@ -326,8 +354,26 @@ mod tests {
         bus.claim_snapshot_port();
         assert_eq!(bus.write(0x5a, &[0]), PortAction::SnapshotPoint);
         let mut d = [0u8; 1];
-        assert_eq!(bus.read(0x61, &mut d), PortAction::Unclaimed);
+        assert_eq!(bus.read(0x62, &mut d), PortAction::Unclaimed);
         assert_eq!(d, [0xff]);
+        // The PIT's ports (an idle channel 2) and the absent PICs: (port,
+        // what a read gives).
+        for (port, want) in [
+            (0x40, 0),
+            (0x41, 0),
+            (0x42, 0),
+            (0x43, 0),
+            (0x61, 0),
+            (0x20, 0xff),
+            (0x21, 0xff),
+            (0xa0, 0xff),
+            (0xa1, 0xff),
+        ] {
+            let mut d = [0x5au8; 1];
+            assert_eq!(bus.read(port, &mut d), PortAction::Handled, "{port:#x}");
+            assert_eq!(d, [want], "{port:#x}");
+            assert_eq!(bus.write(port, &[0x11]), PortAction::Handled, "{port:#x}");
+        }
         assert_eq!(bus.read(0x71, &mut d), PortAction::Handled);
         assert_eq!(d, [0], "no RTC update in progress");
         assert_eq!(bus.read(0x3fd, &mut d), PortAction::Handled);

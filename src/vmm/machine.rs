@@ -1,15 +1,15 @@
 //! The KVM machine: /dev/kvm with every capability lwpvmm relies on
-//! checked, the VM with its memory slots, in-kernel irqchip and PIT, the LWP
-//! MSRs routed to userspace, the port bus, and the vCPUs with their CPUID,
-//! paging source and LWP state. Nothing runs yet. Also the table
-//! `lwpvmm cpuid` prints.
+//! checked, the VM with its memory slots, KVM's split irqchip (local APICs
+//! in the kernel) and lwpvmm's IOAPIC, the LWP MSRs routed to userspace, the
+//! port bus, and the vCPUs with their CPUID, paging source and LWP state.
+//! Nothing runs yet. Also the table `lwpvmm cpuid` prints.
 
 use std::io::Write;
 use std::sync::Arc;
 
 use kvm_bindings::{
     CpuId, KVM_MAX_CPUID_ENTRIES, KVM_MSR_EXIT_REASON_FILTER, Msrs, kvm_cpuid_entry2,
-    kvm_enable_cap, kvm_msr_entry, kvm_pit_config, kvm_userspace_memory_region,
+    kvm_enable_cap, kvm_msr_entry, kvm_userspace_memory_region,
 };
 use kvm_ioctls::{
     Cap, Kvm, MsrFilterDefaultAction, MsrFilterRange, MsrFilterRangeFlags, VcpuFd, VmFd,
@@ -22,6 +22,7 @@ use super::cpuid;
 use super::devices::{PortBus, SERIAL_IRQ};
 use super::error::{VmError, setup};
 use super::guest_paging::PagingSource;
+use super::ioapic::{IOAPIC_PINS, IoapicDevice, IoapicState};
 use super::pv::{THRESHOLD_GSI, THRESHOLD_LINES};
 use super::snapshot::SnapshotError;
 use super::step::StepBackend;
@@ -31,7 +32,6 @@ use crate::lwp::cpuid::{CpuidEntry, GuestLwpSupport, LwpProfile};
 use crate::lwp::msr::MSR_LWP_CFG;
 
 const MSR_IA32_TSC: u32 = 0x10;
-const PIT_SPEAKER_DUMMY: u32 = 1;
 /// Where KVM keeps its real-mode TSS: the top of the MMIO hole, below the
 /// IOAPIC.
 const TSS_ADDRESS: usize = 0xfffb_d000;
@@ -59,6 +59,8 @@ pub struct Machine {
     pub mem: Arc<GuestMemory>,
     /// The port bus.
     pub bus: PortBus,
+    /// The IOAPIC.
+    pub ioapic: Arc<IoapicDevice>,
     /// The vCPUs.
     pub vcpus: Vec<Vcpu>,
     /// KVM_CAP_XSAVE2 of this VM.
@@ -74,6 +76,8 @@ pub fn open_kvm() -> Result<Kvm, VmError> {
     let kvm = Kvm::new().map_err(VmError::NoKvm)?;
     for (cap, name) in [
         (Cap::Irqchip, "KVM_CAP_IRQCHIP"),
+        (Cap::SplitIrqchip, "KVM_CAP_SPLIT_IRQCHIP"),
+        (Cap::IrqRouting, "KVM_CAP_IRQ_ROUTING"),
         (Cap::UserMemory, "KVM_CAP_USER_MEMORY"),
         (Cap::SyncRegs, "KVM_CAP_SYNC_REGS"),
         (Cap::ImmediateExit, "KVM_CAP_IMMEDIATE_EXIT"),
@@ -89,17 +93,26 @@ pub fn open_kvm() -> Result<Kvm, VmError> {
     Ok(kvm)
 }
 
+/// What a machine starts from: a snapshot's device state, or nothing to
+/// boot.
+pub struct Restored<'a> {
+    /// Each vCPU's LWP state.
+    pub lwp: &'a [Option<&'a LwpState>],
+    /// The IOAPIC's registers.
+    pub ioapic: IoapicState,
+}
+
 /// Creates the machine. `console` takes the serial output and `bus` builds
 /// the port bus around it and the serial irqfd (from a snapshot's UART
-/// state, or fresh). `saved` holds each vCPU's LWP state from a snapshot
-/// (empty to boot); `backend` is how vCPUs single-step, when the VM offers
+/// state, or fresh). `saved` holds a snapshot's LWP and IOAPIC state (None
+/// to boot); `backend` is how vCPUs single-step, when the VM offers
 /// precise events to a shim guest.
 pub fn create(
     kvm: &Kvm,
     spec: MachineSpec,
     console: Box<dyn Write + Send>,
     bus: impl FnOnce(Box<dyn Write + Send>, EventFd) -> Result<PortBus, VmError>,
-    saved: &[Option<&LwpState>],
+    saved: Option<Restored<'_>>,
     backend: Option<StepBackend>,
     memory_file: Option<&std::fs::File>,
 ) -> Result<Machine, VmError> {
@@ -111,10 +124,9 @@ pub fn create(
         });
     }
     let vm = Arc::new(kvm.create_vm().map_err(setup("KVM_CREATE_VM"))?);
-    // First, while the VM's SRCU is idle: after the irqchip and the PIT have
-    // registered their devices, the filter's synchronize_srcu waits out a
-    // full grace period (most of a start on the nested host: 34 ms against
-    // 24 ms with the filter first, `cargo bench --bench vmm -- starts`).
+    // First, while the VM's SRCU is idle: after devices have registered on
+    // its buses, the filter's synchronize_srcu waits out a full grace
+    // period (10 ms and more on the nested host).
     route_lwp_msrs(&vm)?;
     let mem = Arc::new(match memory_file {
         Some(file) => boot::memory_from_file(spec.memory_mib, file)?,
@@ -123,12 +135,25 @@ pub fn create(
     register_memory(&vm, &mem)?;
     vm.set_tss_address(TSS_ADDRESS)
         .map_err(setup("KVM_SET_TSS_ADDR"))?;
-    vm.create_irq_chip().map_err(setup("KVM_CREATE_IRQCHIP"))?;
-    let pit = kvm_pit_config {
-        flags: PIT_SPEAKER_DUMMY,
+    // Not KVM's IOAPIC, PIC and PIT: their teardown waits out SRCU grace
+    // periods, most of a short run (ioapic.rs).
+    let split = kvm_enable_cap {
+        cap: kvm_bindings::KVM_CAP_SPLIT_IRQCHIP,
+        args: [IOAPIC_PINS as u64, 0, 0, 0],
         ..Default::default()
     };
-    vm.create_pit2(pit).map_err(setup("KVM_CREATE_PIT2"))?;
+    vm.enable_cap(&split)
+        .map_err(setup("enabling KVM_CAP_SPLIT_IRQCHIP"))?;
+    let ioapic = Arc::new(
+        IoapicDevice::new(
+            saved.as_ref().map(|s| s.ioapic).unwrap_or_default(),
+            IoapicDevice::kvm_sink(Arc::clone(&vm)),
+        )
+        .map_err(|e| VmError::Setup {
+            what: "KVM_SET_GSI_ROUTING",
+            source: e.0,
+        })?,
+    );
     let serial_irq = EventFd::new(EFD_NONBLOCK).map_err(|source| VmError::Thread {
         what: "serial interrupt",
         source,
@@ -172,7 +197,9 @@ pub fn create(
             spec.profile.caps(),
             shim,
             backend,
-            saved.get(usize::from(id)).copied().flatten(),
+            saved
+                .as_ref()
+                .and_then(|s| s.lwp.get(usize::from(id)).copied().flatten()),
         )
         .map_err(|reason| SnapshotError::Lwp { vcpu: id, reason })?;
         let kvm_vcpu = KvmVcpu::new(
@@ -189,6 +216,7 @@ pub fn create(
         vm,
         mem,
         bus,
+        ioapic,
         vcpus,
         xsave_size,
         msr_indices,

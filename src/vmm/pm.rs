@@ -1,9 +1,10 @@
 //! The ACPI power-management registers the FADT points at (acpi.rs): the
 //! PM1a event block (status and enable), the PM1a control block and the PM
 //! timer, at fixed ports. They make lwpvmm a full (not hardware-reduced)
-//! ACPI platform, which keeps the legacy PIT and PIC a kernel ticks with
-//! before it can calibrate the TSC (under kvm_pvm's emulated CPL0 it
-//! cannot, so a hardware-reduced platform would leave it without a tick).
+//! ACPI platform: a hardware-reduced one has no PM timer, and the PM timer
+//! is the reference a kernel calibrates its TSC against here (its PIT
+//! calibration fails under kvm_pvm's emulated CPL0, and there is no
+//! HPET).
 //!
 //! The system is always in ACPI mode (the FADT has no SMI command port, so
 //! SCI_EN reads 1) and no fixed event ever fires, so no SCI is raised.

@@ -16,8 +16,8 @@ pub const LEAF_PV_INFO: u32 = 0x4000_0101;
 /// The threshold-line leaf: EAX the first line's GSI, EBX how many lines.
 pub const LEAF_PV_LINES: u32 = 0x4000_0102;
 /// The GSI of vCPU 0's threshold line; vCPU `i` has `THRESHOLD_GSI + i`.
-/// KVM's IOAPIC pins 16-23: the legacy ones below are the serial port's and
-/// the virtio devices'.
+/// IOAPIC pins 16-23 (ioapic.rs): the legacy ones below are the serial
+/// port's and the virtio devices'.
 pub const THRESHOLD_GSI: u32 = 16;
 /// How many vCPUs get a threshold line (the IOAPIC has 24 pins).
 pub const THRESHOLD_LINES: u32 = 8;

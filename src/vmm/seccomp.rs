@@ -196,9 +196,13 @@ ioctl_iow_nr!(KVM_IRQ_LINE, KVMIO, 0x61, kvm_bindings::kvm_irq_level);
 ioctl_ior_nr!(KVM_GET_XCRS, KVMIO, 0xa6, kvm_bindings::kvm_xcrs);
 ioctl_ior_nr!(KVM_GET_XSAVE, KVMIO, 0xa4, kvm_bindings::kvm_xsave);
 ioctl_ior_nr!(KVM_GET_XSAVE2, KVMIO, 0xcf, kvm_bindings::kvm_xsave);
-ioctl_iowr_nr!(KVM_GET_IRQCHIP, KVMIO, 0x62, kvm_bindings::kvm_irqchip);
 ioctl_ior_nr!(KVM_GET_CLOCK, KVMIO, 0x7c, kvm_bindings::kvm_clock_data);
-ioctl_ior_nr!(KVM_GET_PIT2, KVMIO, 0x9f, kvm_bindings::kvm_pit_state2);
+ioctl_iow_nr!(
+    KVM_SET_GSI_ROUTING,
+    KVMIO,
+    0x6a,
+    kvm_bindings::kvm_irq_routing
+);
 
 /// The ioctl requests a thread of `kind` makes, by name (docs/security.md
 /// lists the same).
@@ -215,6 +219,8 @@ pub fn ioctls(kind: ThreadKind) -> Vec<(&'static str, u64)> {
             ("KVM_SIGNAL_MSI", KVM_SIGNAL_MSI()),
             // A threshold interrupt on the vCPU's line (docs/pv-abi.md).
             ("KVM_IRQ_LINE", KVM_IRQ_LINE()),
+            // The guest programmed the IOAPIC (ioapic.rs).
+            ("KVM_SET_GSI_ROUTING", KVM_SET_GSI_ROUTING()),
             // PKRU, for the guard's protection-key checks under CR4.PKE.
             ("KVM_GET_XSAVE", KVM_GET_XSAVE()),
             // Saving the vCPU's state for a snapshot.
@@ -230,8 +236,6 @@ pub fn ioctls(kind: ThreadKind) -> Vec<(&'static str, u64)> {
         ThreadKind::Control => vec![
             // Diff snapshots: the pages the guest wrote.
             ("KVM_GET_DIRTY_LOG", KVM_GET_DIRTY_LOG()),
-            ("KVM_GET_IRQCHIP", KVM_GET_IRQCHIP()),
-            ("KVM_GET_PIT2", KVM_GET_PIT2()),
             ("KVM_GET_CLOCK", KVM_GET_CLOCK()),
         ],
         ThreadKind::Device | ThreadKind::Api => vec![],
@@ -427,8 +431,8 @@ mod tests {
             ("KVM_GET_SREGS", 0x8138_ae83),
             ("KVM_SIGNAL_MSI", 0x4020_aea5),
             ("KVM_IRQ_LINE", 0x4008_ae61),
-            ("KVM_GET_IRQCHIP", 0xc208_ae62),
-            ("KVM_GET_PIT2", 0x8070_ae9f),
+            ("KVM_SET_GSI_ROUTING", 0x4008_ae6a),
+            ("KVM_GET_CLOCK", 0x8030_ae7c),
             ("KVM_GET_VCPU_EVENTS", 0x8040_ae9f),
         ];
         let all: Vec<(&str, u64)> = ioctls(ThreadKind::Vcpu)

@@ -11,8 +11,7 @@ use std::path::{Path, PathBuf};
 
 use crc::{CRC_64_ECMA_182, Crc};
 use kvm_bindings::{
-    KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE, kvm_clock_data,
-    kvm_debugregs, kvm_irqchip, kvm_lapic_state, kvm_mp_state, kvm_pit_state2, kvm_regs, kvm_sregs,
+    kvm_clock_data, kvm_debugregs, kvm_lapic_state, kvm_mp_state, kvm_regs, kvm_sregs,
     kvm_vcpu_events, kvm_xcrs,
 };
 use kvm_ioctls::VmFd;
@@ -20,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
+use super::ioapic::IoapicState;
 use super::pm::PmState;
 use super::vcpu::LwpState;
 use crate::guard::GuestMemory;
@@ -31,17 +31,15 @@ pub const STATE_FILE: &str = "state.bin";
 pub const MEMORY_FILE: &str = "memory.bin";
 /// The state file's first eight bytes.
 pub const MAGIC: [u8; 8] = *b"LWPVMMST";
-/// The format version this lwpvmm writes: 5 makes the memory file sparse
+/// The format version this lwpvmm writes: 6 is a machine with lwpvmm's
+/// IOAPIC on KVM's split irqchip and no PIC or PIT; 5 made the memory file sparse
 /// (pages of zeros are holes) and restores map it instead of reading it,
 /// checking its CRC-64 only with `restore --verify`; 4 adds the virtio
 /// devices (what each was built from, its registers and queues); 3 is the
 /// machine with ACPI tables, a CPUID topology and the ACPI PM registers;
 /// 2 added each vCPU's whole LWP state and named the profile and guest
 /// kind as enums.
-pub const FORMAT_VERSION: u32 = 5;
-/// The versions this lwpvmm reads: a version-4 memory file is a version-5
-/// one without holes.
-const READABLE_VERSIONS: [u32; 2] = [4, FORMAT_VERSION];
+pub const FORMAT_VERSION: u32 = 6;
 const HEADER_LEN: usize = 8 + 4 + 4 + 8 + 8;
 /// The largest state payload accepted (it is JSON of a few KiB per vCPU).
 const MAX_PAYLOAD: u64 = 64 << 20;
@@ -63,7 +61,7 @@ pub enum SnapshotError {
     BadMagic(PathBuf),
     /// A format version this lwpvmm does not read.
     #[error(
-        "snapshot format version {found} is not supported: this lwpvmm reads versions 4 and {FORMAT_VERSION}{}",
+        "snapshot format version {found} is not supported: this lwpvmm reads version {FORMAT_VERSION}{}",
         if *.found < FORMAT_VERSION { " (restore it with the lwpvmm that wrote it)" } else { "" }
     )]
     Version {
@@ -134,8 +132,10 @@ pub struct VmSnapshot {
     pub guest: GuestLwpSupport,
     /// Guest RAM.
     pub memory: MemoryLayout,
-    /// In-kernel irqchip, PIT and clock.
+    /// The VM's clock.
     pub vm: VmKvmState,
+    /// The IOAPIC's registers.
+    pub ioapic: IoapicState,
     /// The 8250's registers.
     pub serial: SerialSnapshot,
     /// The ACPI PM registers.
@@ -176,17 +176,10 @@ pub struct ParentRef {
 /// Diff snapshots a chain holds at most, above its full snapshot.
 pub const MAX_CHAIN: usize = 64;
 
-/// VM-wide KVM state.
+/// VM-wide KVM state: the local APICs are each vCPU's, the IOAPIC is
+/// lwpvmm's, and there is no PIC or PIT.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct VmKvmState {
-    /// PIC master.
-    pub pic_master: kvm_irqchip,
-    /// PIC slave.
-    pub pic_slave: kvm_irqchip,
-    /// IOAPIC.
-    pub ioapic: kvm_irqchip,
-    /// PIT.
-    pub pit: kvm_pit_state2,
     /// kvmclock.
     pub clock: kvm_clock_data,
 }
@@ -194,34 +187,21 @@ pub struct VmKvmState {
 impl VmKvmState {
     /// Reads it from a VM whose vCPUs are paused.
     pub fn capture(vm: &VmFd) -> Result<Self, SnapshotError> {
-        let kvm = |what| move |source| SnapshotError::Kvm { what, source };
-        let chip = |chip_id| {
-            let mut c = kvm_irqchip {
-                chip_id,
-                ..Default::default()
-            };
-            vm.get_irqchip(&mut c)
-                .map(|()| c)
-                .map_err(kvm("KVM_GET_IRQCHIP"))
-        };
         Ok(VmKvmState {
-            pic_master: chip(KVM_IRQCHIP_PIC_MASTER)?,
-            pic_slave: chip(KVM_IRQCHIP_PIC_SLAVE)?,
-            ioapic: chip(KVM_IRQCHIP_IOAPIC)?,
-            pit: vm.get_pit2().map_err(kvm("KVM_GET_PIT2"))?,
-            clock: vm.get_clock().map_err(kvm("KVM_GET_CLOCK"))?,
+            clock: vm.get_clock().map_err(|source| SnapshotError::Kvm {
+                what: "KVM_GET_CLOCK",
+                source,
+            })?,
         })
     }
 
     /// Sets it on a VM before its vCPUs run.
     pub fn apply(&self, vm: &VmFd) -> Result<(), SnapshotError> {
-        let kvm = |what| move |source| SnapshotError::Kvm { what, source };
-        vm.set_pit2(&self.pit).map_err(kvm("KVM_SET_PIT2"))?;
-        vm.set_clock(&self.clock).map_err(kvm("KVM_SET_CLOCK"))?;
-        for chip in [&self.pic_master, &self.pic_slave, &self.ioapic] {
-            vm.set_irqchip(chip).map_err(kvm("KVM_SET_IRQCHIP"))?;
-        }
-        Ok(())
+        vm.set_clock(&self.clock)
+            .map_err(|source| SnapshotError::Kvm {
+                what: "KVM_SET_CLOCK",
+                source,
+            })
     }
 }
 
@@ -298,7 +278,9 @@ pub fn decode(bytes: &[u8], path: &Path) -> Result<VmSnapshot, SnapshotError> {
         u64::from_le_bytes(b)
     };
     let version = u32_at(8);
-    if !READABLE_VERSIONS.contains(&version) {
+    // Only this version: an older snapshot's guest was set up with KVM's
+    // PIC, PIT and IOAPIC, which this machine does not have.
+    if version != FORMAT_VERSION {
         return Err(SnapshotError::Version { found: version });
     }
     let len = u64_at(16);
@@ -613,12 +595,9 @@ mod tests {
                 ..MemoryLayout::default()
             },
             vm: VmKvmState {
-                pic_master: kvm_irqchip::default(),
-                pic_slave: kvm_irqchip::default(),
-                ioapic: kvm_irqchip::default(),
-                pit: kvm_pit_state2::default(),
                 clock: kvm_clock_data::default(),
             },
+            ioapic: IoapicState::default(),
             serial: SerialSnapshot::default(),
             pm: PmState::default(),
             devices: Vec::new(),

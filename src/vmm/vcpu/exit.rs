@@ -17,6 +17,7 @@ use super::{VcpuError, VcpuStep, doorbell, state_call, stepper};
 use crate::guard::GuestMemory;
 use crate::guest_warn;
 use crate::vmm::devices::{PortAction, PortBus};
+use crate::vmm::ioapic::IoapicDevice;
 use crate::vmm::metrics::VcpuMetrics;
 use crate::vmm::recorder::Recorder;
 use crate::vmm::step::StepBackend;
@@ -52,6 +53,8 @@ pub struct Devices<'a> {
     pub bus: &'a Mutex<PortBus>,
     /// The virtio devices' register windows.
     pub virtio: &'a VirtioBus,
+    /// The IOAPIC's window.
+    pub ioapic: &'a IoapicDevice,
     /// Guest memory (a device checks its queues at DRIVER_OK).
     pub mem: &'a GuestMemory,
     /// The vCPU's LWP state (for the LWP MSRs).
@@ -137,7 +140,10 @@ pub fn handle_exit(
         }
         Ok(VcpuExit::MmioRead(addr, data)) => {
             m.exits_mmio.fetch_add(1, Ordering::Relaxed);
-            if dev.virtio.read(addr, data) {
+            if IoapicDevice::claims(addr) {
+                dev.ioapic.read(addr, data);
+                ExitAction::Done
+            } else if dev.virtio.read(addr, data) {
                 ExitAction::Done
             } else {
                 ExitAction::Unhandled(describe(&VcpuExit::MmioRead(addr, data)))
@@ -145,12 +151,22 @@ pub fn handle_exit(
         }
         Ok(VcpuExit::MmioWrite(addr, data)) => {
             m.exits_mmio.fetch_add(1, Ordering::Relaxed);
-            if dev.virtio.write(addr, data, dev.mem) {
+            if IoapicDevice::claims(addr) {
+                dev.ioapic.write(addr, data).map_err(|e| VcpuError::Ioctl {
+                    vcpu: id,
+                    what: "KVM_SET_GSI_ROUTING",
+                    source: e.0,
+                })?;
+                ExitAction::Done
+            } else if dev.virtio.write(addr, data, dev.mem) {
                 ExitAction::Done
             } else {
                 ExitAction::Unhandled(describe(&VcpuExit::MmioWrite(addr, data)))
             }
         }
+        // Only for a level-triggered route's vector, and every route is an
+        // edge one (ioapic.rs): nothing waits for this EOI.
+        Ok(VcpuExit::IoapicEoi(_)) => ExitAction::Done,
         Ok(VcpuExit::Shutdown) => ExitAction::Shutdown,
         Ok(VcpuExit::InternalError) => ExitAction::EmulationFailure,
         Ok(other) => ExitAction::Unhandled(describe(&other)),
@@ -264,10 +280,14 @@ mod tests {
         static MEM: std::sync::LazyLock<GuestMemory> = std::sync::LazyLock::new(|| {
             GuestMemory::from_ranges(&[(vm_memory::GuestAddress(0), 0x1000)]).unwrap()
         });
+        static IOAPIC: std::sync::LazyLock<IoapicDevice> = std::sync::LazyLock::new(|| {
+            IoapicDevice::new(Default::default(), Box::new(|_| Ok(()))).unwrap()
+        });
         Devices {
             id: 0,
             bus,
             virtio: &VIRTIO,
+            ioapic: &IOAPIC,
             mem: &MEM,
             lwp,
             metrics,
@@ -304,7 +324,7 @@ mod tests {
         }
         assert_eq!(console.lock().unwrap().as_slice(), b"x");
         // (port, value read, unclaimed)
-        for (port, want, unclaimed) in [(0x71, 0, false), (0x61, 0xff, true)] {
+        for (port, want, unclaimed) in [(0x71, 0, false), (0x62, 0xff, true)] {
             let before = metrics.counters().unclaimed_ports;
             let mut data = [0x55u8];
             let got = handle_exit(Ok(VcpuExit::IoIn(port, &mut data)), &mut dev).unwrap();
@@ -314,7 +334,7 @@ mod tests {
         assert_eq!(
             metrics.counters().unclaimed_ports,
             2,
-            "out 0x81 and in 0x61"
+            "out 0x81 and in 0x62"
         );
         assert_eq!(metrics.counters().exits_io, 9);
     }
@@ -362,6 +382,48 @@ mod tests {
             assert_eq!((error, data), (read_error, read), "rdmsr {index:#x}");
         }
         assert_eq!(metrics.counters().msr_gp, 2);
+    }
+
+    #[test]
+    fn the_ioapic_window_is_answered_and_a_failed_route_update_is_an_error() {
+        use crate::vmm::ioapic::{IOAPIC_BASE, RoutingError};
+        let (bus, _) = bus();
+        let mut lwp = VcpuLwp::new(LwpProfile::Off.caps(), false, None, None).unwrap();
+        let metrics = VcpuMetrics::default();
+        let mut dev = devices(&bus, &mut lwp, &metrics);
+        let write = |dev: &mut Devices<'_>, offset: u64, value: u32| {
+            handle_exit(
+                Ok(VcpuExit::MmioWrite(
+                    IOAPIC_BASE + offset,
+                    &value.to_le_bytes(),
+                )),
+                dev,
+            )
+        };
+        // IOREGSEL = 1 (the version register), then IOWIN.
+        assert_eq!(write(&mut dev, 0, 1).unwrap(), ExitAction::Done);
+        let mut data = [0u8; 4];
+        let read = handle_exit(
+            Ok(VcpuExit::MmioRead(IOAPIC_BASE + 0x10, &mut data)),
+            &mut dev,
+        );
+        assert_eq!(read.unwrap(), ExitAction::Done);
+        assert_eq!(u32::from_le_bytes(data), 0x0017_0020);
+        let eoi = handle_exit(Ok(VcpuExit::IoapicEoi(0x30)), &mut dev);
+        assert_eq!(eoi.unwrap(), ExitAction::Done);
+        assert_eq!(metrics.counters().exits_mmio, 2);
+        let failing = IoapicDevice::new(
+            Default::default(),
+            Box::new(|routes| match routes {
+                [] => Ok(()),
+                _ => Err(RoutingError(kvm_ioctls::Error::new(libc::ENOMEM))),
+            }),
+        )
+        .unwrap();
+        dev.ioapic = &failing;
+        write(&mut dev, 0, 0x10).unwrap();
+        let err = write(&mut dev, 0x10, 0x30).unwrap_err();
+        assert!(err.to_string().contains("KVM_SET_GSI_ROUTING"), "{err}");
     }
 
     #[test]

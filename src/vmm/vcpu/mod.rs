@@ -147,6 +147,8 @@ pub struct Shared {
     pub bus: Arc<Mutex<PortBus>>,
     /// The virtio devices' register windows.
     pub virtio: crate::vmm::virtio::VirtioBus,
+    /// The IOAPIC.
+    pub ioapic: Arc<crate::vmm::ioapic::IoapicDevice>,
     /// Set when the VM is to stop.
     pub stop: AtomicBool,
     /// KVM_CAP_XSAVE2 of this VM.
@@ -353,6 +355,7 @@ impl Vcpu {
                     id,
                     bus: &shared.bus,
                     virtio: &shared.virtio,
+                    ioapic: &shared.ioapic,
                     mem: &shared.mem,
                     lwp: &mut self.lwp,
                     metrics: &self.metrics,

@@ -222,17 +222,14 @@ impl VcpuOps for KvmVcpu {
     }
 
     fn raise_threshold_line(&self) -> Result<(), String> {
-        // KVM_IRQ_LINE, not an irqfd: an irqfd reaches the IOAPIC from a
-        // host work queue, later, when the task that crossed the threshold
-        // may no longer be the one running; this edge is pending in the
-        // local APIC before the vCPU runs again.
+        // KVM_IRQ_LINE, not an irqfd: an irqfd may reach the local APIC
+        // from a host work queue, later, when the task that crossed the
+        // threshold may no longer be the one running; this edge is pending
+        // in the local APIC before the vCPU runs again. The GSI's route is
+        // an MSI (ioapic.rs), which a raised level sends and a lowered one
+        // does not, so raising is the whole edge.
         let gsi = self.threshold_gsi.ok_or("no threshold line")?;
-        for level in [true, false] {
-            self.vm
-                .set_irq_line(gsi, level)
-                .map_err(|e| e.to_string())?;
-        }
-        Ok(())
+        self.vm.set_irq_line(gsi, true).map_err(|e| e.to_string())
     }
 
     fn kernel_gs_base(&self) -> Result<u64, String> {

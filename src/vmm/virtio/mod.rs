@@ -1,7 +1,8 @@
 //! virtio devices over MMIO, the transport Firecracker gives microVMs: raw
 //! disk images as virtio block devices and host taps as virtio network
 //! devices. Each device has a 4 KiB register window in the MMIO hole, an
-//! interrupt line (an irqfd on KVM's in-kernel IOAPIC) and one ioeventfd per
+//! interrupt line (an irqfd on a GSI, which KVM delivers by the MSI route
+//! the guest programmed into the IOAPIC, ioapic.rs) and one ioeventfd per
 //! queue on its QueueNotify register, so a notification never leaves KVM
 //! for a vCPU thread: the device thread (`worker`) takes it, under its own
 //! seccomp filter. The guest learns of the devices from the kernel command
