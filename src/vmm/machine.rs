@@ -124,9 +124,9 @@ pub fn create(
         });
     }
     let vm = Arc::new(kvm.create_vm().map_err(setup("KVM_CREATE_VM"))?);
-    // First, while the VM's SRCU is idle: after devices have registered on
-    // its buses, the filter's synchronize_srcu waits out a full grace
-    // period (10 ms and more on the nested host).
+    // First, while the VM's SRCU is idle: after a device has registered on
+    // one of its buses, the filter's synchronize_srcu waits out a full
+    // grace period.
     route_lwp_msrs(&vm)?;
     let mem = Arc::new(match memory_file {
         Some(file) => boot::memory_from_file(spec.memory_mib, file)?,

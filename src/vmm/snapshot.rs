@@ -32,8 +32,8 @@ pub const MEMORY_FILE: &str = "memory.bin";
 /// The state file's first eight bytes.
 pub const MAGIC: [u8; 8] = *b"LWPVMMST";
 /// The format version this lwpvmm writes: 6 is a machine with lwpvmm's
-/// IOAPIC on KVM's split irqchip and no PIC or PIT; 5 made the memory file sparse
-/// (pages of zeros are holes) and restores map it instead of reading it,
+/// IOAPIC on KVM's split irqchip and no PIC or PIT; 5 made the memory file
+/// sparse (pages of zeros are holes) and restores map it instead of reading it,
 /// checking its CRC-64 only with `restore --verify`; 4 adds the virtio
 /// devices (what each was built from, its registers and queues); 3 is the
 /// machine with ACPI tables, a CPUID topology and the ACPI PM registers;
