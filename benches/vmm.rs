@@ -359,14 +359,21 @@ fn exit_at_once_elf() -> Vec<u8> {
     elf
 }
 
+/// Writes the kernel image `bytes` to this run's `name`.elf in the
+/// temporary directory, for lwpvmm's `--kernel`.
+fn guest_file(name: &str, bytes: &[u8]) -> PathBuf {
+    let path = std::env::temp_dir().join(format!("lwpvmm-bench-{}-{name}.elf", std::process::id()));
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+/// The embedded guest `name`, written by [`guest_file`].
+fn embedded_guest(name: &str) -> PathBuf {
+    guest_file(name, lwpvmm::guests::get(name).expect("an embedded guest"))
+}
+
 fn starts() {
-    let guest_file = |name: &str, bytes: &[u8]| {
-        let path =
-            std::env::temp_dir().join(format!("lwpvmm-bench-{}-{name}.elf", std::process::id()));
-        std::fs::write(&path, bytes).unwrap();
-        path
-    };
-    let minimal = guest_file("minimal", lwpvmm::guests::get("minimal").expect("guest"));
+    let minimal = embedded_guest("minimal");
     let at_once = guest_file("exit", &exit_at_once_elf());
     let lwpvmm_bin = env!("CARGO_BIN_EXE_lwpvmm");
     let run = |kernel: &PathBuf| -> Vec<String> {
@@ -451,8 +458,7 @@ fn logged_ms(stderr: &str, marker: &str) -> f64 {
 fn snapshot_of(name: &str, mib: u32, fill: u32, touch: u32) -> (PathBuf, String) {
     let dir = std::env::temp_dir().join(format!("lwpvmm-bench-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let elf = std::env::temp_dir().join(format!("lwpvmm-bench-{}-replay.elf", std::process::id()));
-    std::fs::write(&elf, lwpvmm::guests::get("replay").expect("guest")).unwrap();
+    let elf = embedded_guest("replay");
     let run = Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
         .env("RUST_LOG", "info")
         .args(["run", "--kernel", elf.to_str().unwrap()])
@@ -478,8 +484,7 @@ fn snapshot_of(name: &str, mib: u32, fill: u32, touch: u32) -> (PathBuf, String)
 fn diff_written() -> (f64, f64) {
     let dir = std::env::temp_dir().join(format!("lwpvmm-bench-{}-diff", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let elf = std::env::temp_dir().join(format!("lwpvmm-bench-{}-replay.elf", std::process::id()));
-    std::fs::write(&elf, lwpvmm::guests::get("replay").expect("guest")).unwrap();
+    let elf = embedded_guest("replay");
     let run = Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
         .env("RUST_LOG", "info")
         .args(["run", "--kernel", elf.to_str().unwrap(), "--memory", "256"])
