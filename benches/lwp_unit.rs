@@ -1,8 +1,9 @@
 //! Cost of the emulated unit's memory path: a record stored into a 64 KiB
 //! ring through the guard (page walk, RAM check, A/D update included), next to
 //! the same store with no translation at all, and an LLWPCB validation.
-//! After criterion's figures, two ratios measured in the same run (medians
-//! of repeated timings): a component-62 restore (a context switch into an
+//! After criterion's figures, two ratios measured in the same run (each
+//! the median of rounds that time both sides back to back, so a noisy
+//! neighbour's burst lands on both halves of a round): a component-62 restore (a context switch into an
 //! LWP task) with a 256 MiB ring against one with a 4 KiB ring, and LLWPCB
 //! with a 64 KiB ring against one 32-byte `write_obj`.
 
@@ -128,19 +129,30 @@ fn benches(c: &mut Criterion) {
     );
 }
 
-/// Nanoseconds per call of `f`: the median of 31 timings of `n` calls.
-fn per_call(n: u32, mut f: impl FnMut()) -> f64 {
-    let mut times: Vec<f64> = (0..31)
-        .map(|_| {
-            let t = Instant::now();
-            for _ in 0..n {
-                f();
-            }
-            t.elapsed().as_nanos() as f64 / f64::from(n)
-        })
+/// Nanoseconds per call of `f`, over `n` calls.
+fn per_call(n: u32, f: &mut impl FnMut()) -> f64 {
+    let t = Instant::now();
+    for _ in 0..n {
+        f();
+    }
+    t.elapsed().as_nanos() as f64 / f64::from(n)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// `a` against `b` in 101 rounds, each timing `na` calls of `a` and then
+/// `nb` of `b`: the medians of their per-call nanoseconds and of the
+/// rounds' ratios.
+fn paired(na: u32, mut a: impl FnMut(), nb: u32, mut b: impl FnMut()) -> (f64, f64, f64) {
+    let rounds: Vec<(f64, f64)> = (0..101)
+        .map(|_| (per_call(na, &mut a), per_call(nb, &mut b)))
         .collect();
-    times.sort_by(f64::total_cmp);
-    times[times.len() / 2]
+    let ratio = median(rounds.iter().map(|(a, b)| a / b).collect());
+    let (ta, tb): (Vec<f64>, Vec<f64>) = rounds.into_iter().unzip();
+    (median(ta), median(tb), ratio)
 }
 
 /// The aliased ring guest of `size` bytes, its block loaded: its memory,
@@ -160,34 +172,35 @@ fn ratios() {
     let restore = |size: u32| {
         let (mem, paging, area) = loaded(size);
         let mut u = unit();
-        per_call(200, || {
+        move || {
             let mut view = GuestView::new(&mem, paging);
             u.restore_xsave(&mut view, black_box(&area)).unwrap();
-        })
+        }
     };
     // BufferSize has 28 bits: the largest ring is a page short of 256 MiB.
-    let (big, small) = (restore((256 << 20) - 4096), restore(4096));
+    let (big, small, ratio) = paired(200, restore((256 << 20) - 4096), 200, restore(4096));
     println!("restore through the guard: 256 MiB ring {big:.0} ns, 4 KiB ring {small:.0} ns");
-    println!("restore 256MiB ring / 4KiB ring = {:.2}", big / small);
+    println!("restore 256MiB ring / 4KiB ring = {ratio:.2}");
 
     let (mem, cr3) = guest();
     let mut u = unit();
-    let llwpcb = per_call(200, || {
-        let mut view = GuestView::new(&mem, paging(cr3));
-        u.llwpcb(&mut view, black_box(CB)).unwrap();
-    });
     let record = EventRecord::default();
     let mut slot = 0u64;
-    let write = per_call(20_000, || {
-        slot = (slot + 32) % u64::from(RING_SIZE);
-        mem.write_obj(black_box(record), GuestAddress(RING_GPA + slot))
-            .unwrap();
-    });
-    println!("llwpcb of a 64 KiB ring {llwpcb:.0} ns, baseline write_obj {write:.1} ns");
-    println!(
-        "llwpcb 64KiB ring / baseline write_obj = {:.1}",
-        llwpcb / write
+    let (llwpcb, write, ratio) = paired(
+        200,
+        || {
+            let mut view = GuestView::new(&mem, paging(cr3));
+            u.llwpcb(&mut view, black_box(CB)).unwrap();
+        },
+        5_000,
+        || {
+            slot = (slot + 32) % u64::from(RING_SIZE);
+            mem.write_obj(black_box(record), GuestAddress(RING_GPA + slot))
+                .unwrap();
+        },
     );
+    println!("llwpcb of a 64 KiB ring {llwpcb:.0} ns, baseline write_obj {write:.1} ns");
+    println!("llwpcb 64KiB ring / baseline write_obj = {ratio:.1}");
 }
 
 criterion_group!(lwp_unit, benches);

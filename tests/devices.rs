@@ -15,10 +15,10 @@ use std::fs;
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use common::{Console, linux, require_kvm};
+use common::{Console, RUN_LIMIT, linux, output_within, require_kvm, spawn_within};
 use lwpvmm::vmm::boot::disk_cmdline;
 
 /// A scratch directory of this test's own.
@@ -52,11 +52,12 @@ fn lwpvmm(prefix: &[&str], args: &[&str]) -> (Output, Console) {
         }
         None => Command::new(env!("CARGO_BIN_EXE_lwpvmm")),
     };
-    let out = command
-        .args(["run", "--kernel", path(&kernel), "--memory", "64"])
-        .args(args)
-        .output()
-        .expect("run lwpvmm");
+    let out = output_within(
+        command
+            .args(["run", "--kernel", path(&kernel), "--memory", "64"])
+            .args(args),
+        RUN_LIMIT,
+    );
     let console = Console::of(&out);
     (out, console)
 }
@@ -186,10 +187,10 @@ fn a_snapshot_taken_during_disk_io_restores_and_a_read_only_disk_refuses_writes(
     let mut image = fs::read(&data).expect("data image");
     image[2 << 20..].fill(0);
     fs::write(&data, &image).expect("zero the second half");
-    let out = Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
-        .args(["restore", path(&snap)])
-        .output()
-        .expect("run lwpvmm restore");
+    let out = output_within(
+        Command::new(env!("CARGO_BIN_EXE_lwpvmm")).args(["restore", path(&snap)]),
+        RUN_LIMIT,
+    );
     let restored = String::from_utf8_lossy(&out.stdout);
     assert_eq!(
         out.status.code(),
@@ -244,15 +245,15 @@ impl Netns {
 
     /// Connects to `addr` from inside the namespace (on a thread that
     /// enters it), retrying while the guest boots.
-    fn connect(&self, addr: &'static str, until: Instant) -> TcpStream {
+    fn connect(&self, addr: &'static str, until: Instant) -> std::io::Result<TcpStream> {
         let ns = fs::File::open(format!("/run/netns/{}", self.name)).expect("the namespace");
         std::thread::spawn(move || {
             // Only this thread enters the namespace.
             nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
             loop {
                 match TcpStream::connect_timeout(&addr.parse().unwrap(), Duration::from_secs(2)) {
-                    Ok(s) => return s,
-                    Err(e) if Instant::now() > until => panic!("no answer from the guest: {e}"),
+                    Ok(s) => return Ok(s),
+                    Err(e) if Instant::now() > until => return Err(e),
                     Err(_) => std::thread::sleep(Duration::from_millis(500)),
                 }
             }
@@ -286,16 +287,22 @@ fn a_guest_on_a_tap_answers_tcp_from_the_host() {
         disk_cmdline(false)
     );
     let kernel = linux().join("vmlinux");
-    let child = Command::new("ip")
-        .args(["netns", "exec", &ns.name, env!("CARGO_BIN_EXE_lwpvmm")])
-        .args(["run", "--kernel", path(&kernel), "--memory", "64"])
-        .args(["--disk", path(&root), "--net", "tap=lwptap0"])
-        .args(["--cmdline", &cmdline])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run lwpvmm in the namespace");
-    let mut stream = ns.connect("172.30.0.2:7777", Instant::now() + Duration::from_secs(240));
+    let child = spawn_within(
+        Command::new("ip")
+            .args(["netns", "exec", &ns.name, env!("CARGO_BIN_EXE_lwpvmm")])
+            .args(["run", "--kernel", path(&kernel), "--memory", "64"])
+            .args(["--disk", path(&root), "--net", "tap=lwptap0"])
+            .args(["--cmdline", &cmdline]),
+        RUN_LIMIT,
+    );
+    let mut stream = match ns.connect("172.30.0.2:7777", Instant::now() + Duration::from_secs(240))
+    {
+        Ok(stream) => stream,
+        Err(e) => panic!(
+            "no answer from the guest: {e}\n{}",
+            Console::of(&child.wait())
+        ),
+    };
     let message = b"lwpvmm network test: hello, guest";
     stream.write_all(message).expect("send");
     stream.shutdown(Shutdown::Write).expect("shutdown");
@@ -303,7 +310,7 @@ fn a_guest_on_a_tap_answers_tcp_from_the_host() {
     stream
         .read_to_string(&mut reply)
         .expect("the guest's reply");
-    let out = child.wait_with_output().expect("lwpvmm");
+    let out = child.wait();
     let console = String::from_utf8_lossy(&out.stdout);
     assert_eq!(
         reply,

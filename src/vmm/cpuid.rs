@@ -1,7 +1,8 @@
 //! The CPUID table a VM receives: KVM's supported CPUID with the LWP profile
 //! applied, the topology of each vCPU (topology.rs), and lwpvmm's hypervisor leaves at
-//! 0x4000_0100-0x4000_0102 (KVM's own 0x4000_0000 leaves stay as KVM reports
-//! them).
+//! 0x4000_0100-0x4000_0102. KVM's own 0x4000_0000 signature leaf stays as
+//! KVM reports it; its 0x4000_0001 feature leaf keeps only the clock bits
+//! (KVM_PV_CLOCK_FEATURES).
 //!
 //! Pure policy: it works on plain entries, so it is tested without KVM.
 
@@ -15,6 +16,19 @@ use crate::lwp::cpuid::{
     CpuidEntry, EXT_FEATURES_ECX_LWP, GuestLwpSupport, LEAF_EXT_FEATURES, LEAF_EXT_MAX, LEAF_LWP,
     LwpFeatures, LwpProfile,
 };
+
+/// CPUID 0x4000_0001 EAX bits a guest may see: the kvmclock MSRs (0 and 3),
+/// the stable-clock flag (24) and NOP_IO_DELAY (1). kvmclock gives a Linux
+/// guest its TSC frequency without calibrating against the PM timer, which
+/// fails and hangs boot when the host is loaded (no PIT to calibrate against
+/// on the split irqchip). The other paravirtual features (PV IPIs, PV
+/// spinlocks, async page faults, steal time, PV EOI, PV TLB flush) hang a
+/// 2-vCPU guest's AP bring-up on kvm_pvm, and lwpvmm saves none of their
+/// guest-registered state.
+pub const KVM_PV_CLOCK_FEATURES: u32 = 1 << 0 | 1 << 1 | 1 << 3 | 1 << 24;
+
+/// KVM's paravirtual feature leaf.
+const LEAF_KVM_FEATURES: u32 = 0x4000_0001;
 
 /// The whole table for vCPU `vcpu_id` of `vcpus`, from KVM's supported
 /// entries.
@@ -38,6 +52,10 @@ pub fn build(
     for e in &mut table {
         match e.leaf {
             LEAF_EXT_MAX if has_lwp => e.eax = e.eax.max(LEAF_LWP),
+            LEAF_KVM_FEATURES => {
+                e.eax &= KVM_PV_CLOCK_FEATURES;
+                e.edx = 0;
+            }
             LEAF_EXT_FEATURES => {
                 e.ecx = if has_lwp {
                     e.ecx | EXT_FEATURES_ECX_LWP
@@ -122,6 +140,7 @@ mod tests {
         vec![
             entry(1, [0x00B4_0F00, 0x0A20_0800, 0x8120_2000, 0x178B_FBFF]),
             entry(0x4000_0000, [0x4000_0001, 0x4B4D_564B, 0x564B_4D56, 0x4D]),
+            entry(LEAF_KVM_FEATURES, [0x0100_7AFB, 0, 0, 1]),
             entry(LEAF_EXT_MAX, [0x8000_0021, 0, 0, 0]),
             entry(LEAF_EXT_FEATURES, [0, 0, 0x0040_0393, 0]),
             entry(LEAF_LWP, [0; 4]),
@@ -177,7 +196,13 @@ mod tests {
     fn hypervisor_leaves_and_topology() {
         let t = build(&host(), LwpProfile::Emulated, GuestLwpSupport::Shim, 3, 4);
         let kvm = find(&t, 0x4000_0000);
-        assert_eq!(kvm.ebx, 0x4B4D_564B, "KVM's own leaves untouched");
+        assert_eq!(kvm.ebx, 0x4B4D_564B, "KVM's signature untouched");
+        let kvm_features = find(&t, LEAF_KVM_FEATURES);
+        assert_eq!(
+            (kvm_features.eax, kvm_features.edx),
+            (0x0100_000B, 0),
+            "only the clock bits and NOP_IO_DELAY survive"
+        );
         let base = find(&t, LEAF_PV_BASE);
         assert_eq!(base.eax, LEAF_PV_LINES);
         let sig: Vec<u8> = [base.ebx, base.ecx, base.edx]

@@ -1,11 +1,11 @@
 //! Channel 2 of the 8254 PIT and its gate port (0x61): the one timer of the
-//! PC a kernel calibrates its TSC with. The machine has no PIT otherwise
-//! (ioapic.rs: KVM's in-kernel PIT is gone with its teardown cost), but
-//! Linux times its calibration window by channel 2 even when it measures
-//! against the PM timer: it programs a count, raises the gate and spins on
-//! 0x61 until the channel's output goes high. Without a counting channel
-//! that window is empty and the calibration fails, leaving the kernel
-//! without a TSC frequency.
+//! PC a kernel without kvmclock calibrates its TSC with. The machine has no
+//! PIT otherwise (ioapic.rs: KVM's in-kernel PIT is gone with its teardown
+//! cost), but Linux times its calibration window by channel 2 even when it
+//! measures against the PM timer: it programs a count, raises the gate and
+//! spins on 0x61 until the channel's output goes high. Without a counting
+//! channel that window is empty and the calibration fails, leaving the
+//! kernel without a TSC frequency.
 //!
 //! What is modelled: the mode/command register for channel 2 (counter
 //! latch included), the count written LSB, MSB or both, a counter that

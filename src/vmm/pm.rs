@@ -2,9 +2,9 @@
 //! PM1a event block (status and enable), the PM1a control block and the PM
 //! timer, at fixed ports. They make lwpvmm a full (not hardware-reduced)
 //! ACPI platform: a hardware-reduced one has no PM timer, and the PM timer
-//! is the reference a kernel calibrates its TSC against here (its PIT
-//! calibration fails under kvm_pvm's emulated CPL0, and there is no
-//! HPET).
+//! is the reference a kernel without kvmclock calibrates its TSC against
+//! here (its PIT calibration fails under kvm_pvm's emulated CPL0, and there
+//! is no HPET; cpuid.rs says why our own Linux uses kvmclock instead).
 //!
 //! The system is always in ACPI mode (the FADT has no SMI command port, so
 //! SCI_EN reads 1) and no fixed event ever fires, so no SCI is raised.

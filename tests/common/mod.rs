@@ -1,11 +1,144 @@
 //! What the integration tests share: running lwpvmm as a user does, on a
-//! terminal, and the Linux guest of resources/linux, built once.
+//! terminal, within a time limit (a hung guest fails its test with its
+//! console instead of stalling the suite), and the Linux guest of
+//! resources/linux, built once.
 
 #![allow(dead_code)]
 
+use std::io::Read;
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::OnceLock;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long one lwpvmm run of a test may take. The slowest Linux test
+/// takes about a minute on a quiet host; a guest that hangs (a kernel
+/// stuck in boot) is stopped at this limit with its console so far, so the
+/// suite fails in minutes instead of running into CI's time limit.
+pub const RUN_LIMIT: Duration = Duration::from_secs(300);
+
+/// How long a run stopped at its limit gets to write its console after
+/// SIGTERM before it is killed.
+const STOP_GRACE: Duration = Duration::from_secs(20);
+
+/// A running lwpvmm whose standard output and error are collected as they
+/// are printed; stopped if it outlives its limit, and killed if dropped
+/// (a test that panics leaves no VM running behind it).
+pub struct Bounded {
+    child: Option<Child>,
+    stdout: Option<JoinHandle<Vec<u8>>>,
+    stderr: Option<JoinHandle<Vec<u8>>>,
+    deadline: Instant,
+    limit: Duration,
+}
+
+/// Sends `signal` to the process group `child` leads (spawn_within gives
+/// each run a group of its own).
+fn signal_group(child: &Child, signal: &str) {
+    let _ = Command::new("kill")
+        .args([&format!("-{signal}"), "--", &format!("-{}", child.id())])
+        .stderr(Stdio::null())
+        .status();
+}
+
+fn collect(mut from: impl Read + Send + 'static) -> JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut all = Vec::new();
+        let _ = from.read_to_end(&mut all);
+        all
+    })
+}
+
+/// Starts `command` with its output piped and no input (as
+/// `Command::output` runs it), to end within `limit`.
+pub fn spawn_within(command: &mut Command, limit: Duration) -> Bounded {
+    let mut child = command
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {command:?}: {e}"));
+    let stdout = child.stdout.take().map(collect);
+    let stderr = child.stderr.take().map(collect);
+    Bounded {
+        child: Some(child),
+        stdout,
+        stderr,
+        deadline: Instant::now() + limit,
+        limit,
+    }
+}
+
+/// Runs `command` to its end or to `limit` (then SIGTERM, which makes
+/// lwpvmm stop the VM and write its console, and SIGKILL after a grace),
+/// and returns what it printed.
+pub fn output_within(command: &mut Command, limit: Duration) -> Output {
+    spawn_within(command, limit).wait()
+}
+
+impl Bounded {
+    fn wait_until(child: &mut Child, until: Instant) -> Option<ExitStatus> {
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) => return Some(status),
+                Ok(None) if Instant::now() >= until => return None,
+                Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+                Err(e) => panic!("wait for lwpvmm: {e}"),
+            }
+        }
+    }
+
+    /// Waits for the end (or the limit) and returns what the run printed;
+    /// a run stopped at its limit says so at the top of its standard error.
+    pub fn wait(mut self) -> Output {
+        let mut child = self.child.take().expect("waited once");
+        let mut note = String::new();
+        let status = match Self::wait_until(&mut child, self.deadline) {
+            Some(status) => status,
+            None => {
+                note = format!(
+                    "test harness: lwpvmm was still running after its {} s limit and was sent SIGTERM\n",
+                    self.limit.as_secs()
+                );
+                signal_group(&child, "TERM");
+                let status = match Self::wait_until(&mut child, Instant::now() + STOP_GRACE) {
+                    Some(status) => status,
+                    None => {
+                        let _ = child.kill();
+                        child.wait().expect("reap lwpvmm")
+                    }
+                };
+                // Whatever the run started holds its output pipes open.
+                signal_group(&child, "KILL");
+                status
+            }
+        };
+        let join = |h: Option<JoinHandle<Vec<u8>>>| {
+            h.map(|h| h.join().expect("output reader"))
+                .unwrap_or_default()
+        };
+        let mut stderr = note.into_bytes();
+        stderr.extend(join(self.stderr.take()));
+        Output {
+            status,
+            stdout: join(self.stdout.take()),
+            stderr,
+        }
+    }
+}
+
+impl Drop for Bounded {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            signal_group(child, "KILL");
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
 
 /// Fails the test, saying why, where /dev/kvm is missing.
 pub fn require_kvm() {
@@ -106,11 +239,12 @@ pub fn on_terminal(args: &[&str]) -> (Option<i32>, String) {
         .chain(args.iter().copied())
         .map(quote)
         .collect();
-    let out: Output = Command::new("script")
-        .args(["-qec", &command.join(" "), "/dev/null"])
-        .env("RUST_LOG", "lwpvmm=trace")
-        .output()
-        .expect("run script(1) from util-linux");
+    let out: Output = output_within(
+        Command::new("script")
+            .args(["-qec", &command.join(" "), "/dev/null"])
+            .env("RUST_LOG", "lwpvmm=trace"),
+        RUN_LIMIT,
+    );
     let text = String::from_utf8_lossy(&out.stdout).replace("\r\n", "\n");
     assert!(
         !text.contains("seccomp:"),
