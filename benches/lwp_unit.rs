@@ -1,15 +1,19 @@
 //! Cost of the emulated unit's memory path: a record stored into a 64 KiB
 //! ring through the guard (page walk, RAM check, A/D update included), next to
 //! the same store with no translation at all, and an LLWPCB validation.
-//! After criterion's figures, two ratios measured in the same run (each
-//! the median of rounds that time both sides back to back, so a noisy
-//! neighbour's burst lands on both halves of a round): a component-62 restore (a context switch into an
-//! LWP task) with a 256 MiB ring against one with a 4 KiB ring, and LLWPCB
-//! with a 64 KiB ring against one 32-byte `write_obj`.
+//! After criterion's figures, two ratios measured in the same run, each the
+//! median of rounds that time both sides back to back (so a noisy
+//! neighbour's burst lands on both halves of a round): a component-62
+//! restore (a context switch into an LWP task) with a 256 MiB ring against
+//! one with a 4 KiB ring, and LLWPCB with a 64 KiB ring against one 32-byte
+//! `write_obj`.
+
+mod common;
 
 use std::hint::black_box;
 use std::time::Instant;
 
+use common::median;
 use criterion::{Criterion, criterion_group};
 use lwpvmm::guard::pagetable::{PageTables, PteFlags};
 use lwpvmm::guard::{GuestMemory, GuestView, Paging, PagingCaps};
@@ -136,11 +140,6 @@ fn per_call(n: u32, f: &mut impl FnMut()) -> f64 {
         f();
     }
     t.elapsed().as_nanos() as f64 / f64::from(n)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// `a` against `b` in 101 rounds, each timing `na` calls of `a` and then

@@ -30,12 +30,15 @@
 //! guest's RDTSC, so the ratios do not depend on the TSC frequency. QEMU
 //! comes from `apt-get install qemu-system-x86`.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::median;
 use lwpvmm::lwp::cpuid::LwpProfile;
 use lwpvmm::vmm::devices::{GuestEnd, SerialOut};
 use lwpvmm::vmm::{self, HostConfig, Profiling, VmConfig, VmEnd};
@@ -303,11 +306,6 @@ fn has_qemu() -> bool {
         .stdout(Stdio::null())
         .status()
         .is_ok_and(|s| s.success())
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// A 64-bit ELF kernel whose first instruction exits through the exit port

@@ -22,9 +22,9 @@ use crate::lwp::cpuid::{
 /// guest its TSC frequency without calibrating against the PM timer, which
 /// fails and hangs boot when the host is loaded (no PIT to calibrate against
 /// on the split irqchip). The other paravirtual features (PV IPIs, PV
-/// spinlocks, async page faults, steal time, PV EOI, PV TLB flush) hang a
-/// 2-vCPU guest's AP bring-up on kvm_pvm, and lwpvmm saves none of their
-/// guest-registered state.
+/// spinlocks, async page faults, steal time, PV EOI, PV TLB flush) hung a
+/// 2-vCPU guest's AP bring-up on kvm_pvm when they were offered, and
+/// lwpvmm saves none of their guest-registered state.
 pub const KVM_PV_CLOCK_FEATURES: u32 = 1 << 0 | 1 << 1 | 1 << 3 | 1 << 24;
 
 /// KVM's paravirtual feature leaf.

@@ -30,7 +30,7 @@ pub struct Bounded {
     child: Option<Child>,
     stdout: Option<JoinHandle<Vec<u8>>>,
     stderr: Option<JoinHandle<Vec<u8>>>,
-    deadline: Instant,
+    started: Instant,
     limit: Duration,
 }
 
@@ -67,7 +67,7 @@ pub fn spawn_within(command: &mut Command, limit: Duration) -> Bounded {
         child: Some(child),
         stdout,
         stderr,
-        deadline: Instant::now() + limit,
+        started: Instant::now(),
         limit,
     }
 }
@@ -96,7 +96,7 @@ impl Bounded {
     pub fn wait(mut self) -> Output {
         let mut child = self.child.take().expect("waited once");
         let mut note = String::new();
-        let status = match Self::wait_until(&mut child, self.deadline) {
+        let status = match Self::wait_until(&mut child, self.started + self.limit) {
             Some(status) => status,
             None => {
                 note = format!(
