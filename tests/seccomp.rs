@@ -36,6 +36,13 @@ fn probe(which: &str) -> ! {
     };
     // Opened before the filter, as lwpvmm opens /dev/kvm during setup.
     let kvm = std::fs::File::open("/dev/kvm");
+    // A directory sysroot, opened before the filter as the API's is.
+    let sysroot = which.contains("sysroot").then(|| {
+        let dir = std::env::temp_dir().join(format!("lwpvmm-seccomp-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("bin")).expect("sysroot");
+        std::fs::write(dir.join("bin/tool"), b"\x7fELF tool").expect("sysroot file");
+        (lwpvmm::profile::sysroot::Sysroot::open(&dir).expect("open the sysroot"), dir)
+    });
     install(kind, mode, "probe").expect("install the filter");
     if which.contains("denied") {
         // socket(2) is in no lwpvmm allowlist.
@@ -51,6 +58,14 @@ fn probe(which: &str) -> ! {
         println!("survived KVM_CREATE_VM");
         std::process::exit(3);
     }
+    if let Some((root, dir)) = sysroot {
+        // The API thread reads guest files one component at a time (it may
+        // not unlink: the directory is left in the temporary directory).
+        let read = root.read("/bin/tool").map(|b| b.len());
+        let refused = root.read("/bin");
+        println!("read {read:?}, {refused:?} in {}", dir.display());
+        std::process::exit(0);
+    }
     println!("alive");
     std::process::exit(0);
 }
@@ -65,7 +80,7 @@ fn main() {
     );
     let me = std::env::current_exe().expect("current exe");
     // (probe, exit code, text on stdout or stderr)
-    let cases: [(&str, i32, &str); 13] = [
+    let cases: [(&str, i32, &str); 14] = [
         ("vcpu-allowed", 0, "alive"),
         ("vcpu-denied", 2, "seccomp: thread probe (tid "),
         (
@@ -90,6 +105,7 @@ fn main() {
         ),
         ("api-allowed", 0, "alive"),
         ("api-denied", 2, "seccomp: thread probe (tid "),
+        ("api-sysroot", 0, "read Ok(9), Err(NotRegular)"),
         (
             "api-create-vm",
             2,

@@ -123,10 +123,18 @@ pub fn report(out: &mut dyn Write, args: &ReportArgs) -> Result<u8, CliError> {
     if let Some(root) = &args.sysroot
         && !resolver.missing.is_empty()
     {
-        let names: Vec<&str> = resolver.missing.iter().map(String::as_str).collect();
+        let names: Vec<String> = resolver
+            .missing
+            .iter()
+            .map(|(path, why)| format!("{path} ({why})"))
+            .collect();
+        let more = match resolver.missing_more {
+            0 => String::new(),
+            n => format!(" and {n} more"),
+        };
         log::warn!(
-            "{} guest files are not under {}, their frames are addresses: {}",
-            names.len(),
+            "{} guest files were not read from {}, their frames are addresses: {}{more}",
+            names.len() as u64 + resolver.missing_more,
             root.display(),
             names.join(", ")
         );

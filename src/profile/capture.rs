@@ -6,8 +6,15 @@
 //! a trace. Both are bounded: a guest that makes ever new stacks or ever
 //! new address spaces costs a fixed amount of host memory, and what did not
 //! fit is counted.
+//!
+//! The mapping table is shared, not copied: a capture that starts holds
+//! the table's current version (an `Arc`), and the table copies an address
+//! space's line list only when it next changes while a capture still holds
+//! it. Resolving a capture replays only the address spaces its records
+//! came from.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use super::objects::Resolver;
 use super::pprof::Profile;
@@ -25,68 +32,121 @@ pub const MAX_SPACES: usize = 4096;
 /// Mappings the table keeps per address space (the guest module reports
 /// at most 64 at a time).
 pub const MAX_MAPPINGS_PER_SPACE: usize = 256;
+/// The most bytes the mapping table's lines take (their paths included);
+/// past it the address spaces reported longest ago go first.
+pub const MAX_TABLE_BYTES: usize = 32 << 20;
+
+/// What one mapping line costs the table.
+fn line_bytes(line: &MappingLine) -> usize {
+    std::mem::size_of::<MappingLine>()
+        + std::mem::size_of::<Arc<MappingLine>>()
+        + line.path.len()
+        + line.build_id.len()
+}
 
 /// The executable mappings of every address space, as the guest last
 /// reported them: what a capture that starts now resolves its first
 /// records with.
 #[derive(Debug, Default)]
 pub struct MappingTable {
-    spaces: HashMap<u64, Space>,
+    spaces: Arc<HashMap<u64, Space>>,
     clock: u64,
+    bytes: usize,
     /// Mapping lines not kept (a full space).
     pub dropped: u64,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct Space {
     touched: u64,
-    lines: Vec<MappingLine>,
+    bytes: usize,
+    lines: Arc<Vec<Arc<MappingLine>>>,
+}
+
+/// A version of the mapping table, held by a capture while the table goes
+/// on changing.
+#[derive(Debug, Default, Clone)]
+pub struct TableVersion(Arc<HashMap<u64, Space>>);
+
+impl TableVersion {
+    /// The mappings of address space `cr3`, its first line marked `first`,
+    /// as a trace would replay them.
+    fn lines(&self, cr3: u64) -> impl Iterator<Item = MappingLine> + '_ {
+        self.0
+            .get(&cr3)
+            .into_iter()
+            .flat_map(|s| s.lines.iter().enumerate())
+            .map(|(i, line)| MappingLine {
+                first: i == 0,
+                ..MappingLine::clone(line)
+            })
+    }
 }
 
 impl MappingTable {
     /// Takes a mapping line the guest reported.
     pub fn apply(&mut self, line: &MappingLine) {
         self.clock += 1;
-        if !self.spaces.contains_key(&line.cr3) && self.spaces.len() >= MAX_SPACES {
-            let oldest = self
-                .spaces
+        let cost = line_bytes(line);
+        // Copies the map of spaces (not their lines) once after a capture
+        // took this version.
+        let spaces = Arc::make_mut(&mut self.spaces);
+        if line.first
+            && let Some(space) = spaces.get_mut(&line.cr3)
+        {
+            self.bytes -= space.bytes;
+            space.bytes = 0;
+            space.lines = Arc::default();
+        }
+        let full = |spaces: &HashMap<u64, Space>, bytes: usize| {
+            let new = !spaces.contains_key(&line.cr3);
+            (new && spaces.len() >= MAX_SPACES) || bytes + cost > MAX_TABLE_BYTES
+        };
+        while full(spaces, self.bytes) {
+            let oldest = spaces
                 .iter()
+                .filter(|(cr3, _)| **cr3 != line.cr3)
                 .min_by_key(|(_, s)| s.touched)
                 .map(|(&cr3, _)| cr3);
-            if let Some(cr3) = oldest {
-                self.spaces.remove(&cr3);
+            match oldest.and_then(|cr3| spaces.remove(&cr3)) {
+                Some(gone) => self.bytes -= gone.bytes,
+                None => break,
             }
         }
-        let space = self.spaces.entry(line.cr3).or_default();
+        let space = spaces.entry(line.cr3).or_default();
         space.touched = self.clock;
-        if line.first {
-            space.lines.clear();
-        }
-        if space.lines.len() >= MAX_MAPPINGS_PER_SPACE {
+        if space.lines.len() >= MAX_MAPPINGS_PER_SPACE || self.bytes + cost > MAX_TABLE_BYTES {
             self.dropped += 1;
             return;
         }
-        space.lines.push(line.clone());
+        Arc::make_mut(&mut space.lines).push(Arc::new(line.clone()));
+        space.bytes += cost;
+        self.bytes += cost;
+    }
+
+    /// The table as it stands, to hold while it goes on changing.
+    pub fn version(&self) -> TableVersion {
+        TableVersion(Arc::clone(&self.spaces))
     }
 
     /// Every mapping, each address space's first line marked `first`, as a
     /// trace would replay them.
     pub fn lines(&self) -> Vec<MappingLine> {
-        let mut out = Vec::new();
-        for space in self.spaces.values() {
-            for (i, line) in space.lines.iter().enumerate() {
-                out.push(MappingLine {
-                    first: i == 0,
-                    ..line.clone()
-                });
-            }
-        }
-        out
+        let version = self.version();
+        self.spaces
+            .keys()
+            .flat_map(|&cr3| version.lines(cr3).collect::<Vec<_>>())
+            .collect()
     }
 
     /// Address spaces followed.
     pub fn spaces(&self) -> usize {
         self.spaces.len()
+    }
+
+    /// The bytes its lines take (at most [`MAX_TABLE_BYTES`]).
+    pub fn bytes(&self) -> usize {
+        self.bytes
     }
 }
 
@@ -106,7 +166,7 @@ struct Key {
 /// One capture.
 #[derive(Debug, Default)]
 pub struct Capture {
-    start: Vec<MappingLine>,
+    start: TableVersion,
     mappings: Vec<MappingLine>,
     counts: HashMap<Key, u64>,
     /// Records counted.
@@ -122,7 +182,7 @@ impl Capture {
     /// A capture whose address spaces start with `table`'s mappings.
     pub fn new(table: &MappingTable) -> Self {
         Capture {
-            start: table.lines(),
+            start: table.version(),
             ..Capture::default()
         }
     }
@@ -158,16 +218,25 @@ impl Capture {
     }
 
     /// The captured records counted per stack, resolved by `resolver` with
-    /// the mappings as they stood at each record.
+    /// the mappings as they stood at each record. Only the address spaces
+    /// the records came from are replayed: the cost is bounded by the
+    /// records' [`MAX_STACKS`], those spaces' lines, the capture's
+    /// [`MAX_CAPTURE_MAPPINGS`] and the resolver's read budget.
     pub fn tally(self, resolver: &mut Resolver) -> Tally {
-        self.start.iter().for_each(|m| resolver.mapping(m));
+        let used: HashSet<u64> = self.counts.keys().map(|k| k.cr3).collect();
+        for &cr3 in &used {
+            self.start.lines(cr3).for_each(|m| resolver.mapping(&m));
+        }
         let mut keys: Vec<(Key, u64)> = self.counts.into_iter().collect();
         keys.sort_by_key(|(k, _)| k.generation);
         let mut applied = 0;
         let mut tally = Tally::default();
         for (key, count) in keys {
             while applied < key.generation {
-                resolver.mapping(&self.mappings[applied]);
+                let line = &self.mappings[applied];
+                if used.contains(&line.cr3) {
+                    resolver.mapping(line);
+                }
                 applied += 1;
             }
             let record = TraceRecord {
@@ -261,6 +330,35 @@ mod tests {
             t.apply(&mapping(0x5000, "/lib", false));
         }
         assert_eq!(t.dropped, 3);
+    }
+
+    /// The red team's full table: every space full of lines with long
+    /// paths stays within its bytes, and captures share it.
+    #[test]
+    fn the_table_is_bounded_in_bytes_and_shared_by_captures() {
+        let long = format!("/{}", "p".repeat(400));
+        let mut t = MappingTable::default();
+        let mut captures = Vec::new();
+        for cr3 in 0..MAX_SPACES as u64 {
+            for i in 0..MAX_MAPPINGS_PER_SPACE {
+                t.apply(&mapping(cr3 << 12, &long, i == 0));
+            }
+            if cr3 % 1024 == 0 {
+                captures.push(Capture::new(&t));
+            }
+        }
+        assert!(t.bytes() <= MAX_TABLE_BYTES, "{} bytes", t.bytes());
+        assert!(t.bytes() > MAX_TABLE_BYTES - MAX_MAPPINGS_PER_SPACE * line_bytes(&mapping(0, &long, true)));
+        let newest = (MAX_SPACES as u64 - 1) << 12;
+        assert_eq!(t.version().lines(newest).count(), MAX_MAPPINGS_PER_SPACE);
+        assert_eq!(t.version().lines(0).count(), 0, "the oldest went first");
+        // A capture keeps the version it started with.
+        assert_eq!(captures[0].start.lines(0).count(), MAX_MAPPINGS_PER_SPACE);
+        // Its lines are the table's, not copies.
+        let (a, b) = (captures[3].start.0.get(&(1 << 12)), t.spaces.get(&(1 << 12)));
+        if let (Some(a), Some(b)) = (a, b) {
+            assert!(Arc::ptr_eq(&a.lines, &b.lines));
+        }
     }
 
     #[test]

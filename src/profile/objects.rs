@@ -5,12 +5,12 @@
 //! the guest reported into the trace, with the files found under
 //! `--sysroot`.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
 
-use super::sysroot::Sysroot;
+use super::sysroot::{FileId, Refusal, Sysroot, normal};
 use super::trace::MappingLine;
 
 /// Function symbols of a guest ELF, sorted by address, and which of them
@@ -208,7 +208,20 @@ pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The most bytes of guest files one resolver reads (one report, or one
+/// profile of the API): past it, further files are refused
+/// ([`Refusal::Budget`]) and their frames stay addresses.
+pub const READ_BUDGET: u64 = 1 << 30;
+/// The most guest paths a resolver remembers as refused or missing; past
+/// it they are only counted.
+pub const MAX_MISSING: usize = 1024;
+
 /// Maps addresses of address spaces to objects as a trace streams by.
+///
+/// Files are cached by their normalised guest path and by their identity
+/// (device and inode), so that a file named in many spellings or through
+/// hard links is read once; what is read in all is bounded by
+/// [`READ_BUDGET`].
 #[derive(Debug, Default)]
 pub struct Resolver {
     /// Every object seen.
@@ -219,8 +232,14 @@ pub struct Resolver {
     /// Per address space: its mappings and their objects.
     spaces: HashMap<u64, Vec<(MappingLine, u32)>>,
     by_path: HashMap<String, u32>,
-    /// Guest files not found under the sysroot (or refused).
-    pub missing: BTreeSet<String>,
+    by_id: HashMap<FileId, u32>,
+    /// Bytes of guest files read.
+    pub bytes_read: u64,
+    /// Guest files not found under the sysroot, or refused, and why (at
+    /// most [`MAX_MISSING`]).
+    pub missing: BTreeMap<String, Refusal>,
+    /// Guest files not found or refused past [`MAX_MISSING`].
+    pub missing_more: u64,
 }
 
 impl Resolver {
@@ -265,14 +284,36 @@ impl Resolver {
         space.push((m.clone(), object));
     }
 
-    /// The object of the guest file `path`, loaded once.
+    /// The object of the guest file `path`, loaded once: every spelling
+    /// of one path, and every path of one file, is the same object.
     fn object(&mut self, path: &str, build_id: &str) -> u32 {
-        if let Some(&i) = self.by_path.get(path) {
+        let key = normal(path).map_or_else(|| path.to_owned(), |parts| parts.join("/"));
+        if let Some(&i) = self.by_path.get(&key) {
             return i;
         }
-        let elf = self.sysroot.as_ref().and_then(|root| root.read(path));
-        if self.sysroot.is_some() && elf.is_none() {
-            self.missing.insert(path.to_owned());
+        let mut elf = None;
+        let mut id = None;
+        if let Some(root) = self.sysroot.clone() {
+            let read = root.open_file(path).and_then(|file| {
+                id = Some(file.id);
+                if let Some(&i) = self.by_id.get(&file.id) {
+                    return Ok(Some(i));
+                }
+                if self.bytes_read.saturating_add(file.size) > READ_BUDGET {
+                    return Err(Refusal::Budget);
+                }
+                self.bytes_read += file.size;
+                elf = Some(file.read()?);
+                Ok(None)
+            });
+            match read {
+                Ok(Some(i)) => {
+                    self.by_path.insert(key, i);
+                    return i;
+                }
+                Ok(None) => {}
+                Err(why) => self.note_missing(path, why),
+            }
         }
         let i = self.objects.len() as u32;
         self.objects.push(ObjectFile::from_elf(
@@ -280,8 +321,19 @@ impl Resolver {
             elf.as_deref(),
             build_id.to_owned(),
         ));
-        self.by_path.insert(path.to_owned(), i);
+        self.by_path.insert(key, i);
+        if let Some(id) = id {
+            self.by_id.insert(id, i);
+        }
         i
+    }
+
+    fn note_missing(&mut self, path: &str, why: Refusal) {
+        if self.missing.len() < MAX_MISSING {
+            self.missing.insert(path.to_owned(), why);
+        } else {
+            self.missing_more += 1;
+        }
     }
 
     /// The frame of `address` in the address space `cr3`.
@@ -363,7 +415,7 @@ mod tests {
         let demo = crate::guests::get("demo").unwrap();
         std::fs::write(root.join("bin/demo"), demo).unwrap();
         let main = Symbols::from_elf(demo).unwrap().address_of("main").unwrap();
-        let mut r = Resolver::new(None, Some(Sysroot::Dir(root.clone()).into()));
+        let mut r = Resolver::new(None, Some(Sysroot::dir(&root).into()));
         // The demo guest mapped 1 MiB higher than it is linked (a PIE's
         // load bias): names come from its own addresses.
         r.mapping(&mapping(0xa000, 0x20_0000, "/bin/demo", true));
@@ -380,10 +432,13 @@ mod tests {
         for (cr3, address, want) in table {
             assert_eq!(named(&r, cr3, address), want, "{cr3:#x} {address:#x}");
         }
-        let missing: Vec<&str> = r.missing.iter().map(String::as_str).collect();
+        let missing: Vec<(&str, Refusal)> = r.missing.iter().map(|(p, w)| (p.as_str(), *w)).collect();
         assert_eq!(
             missing,
-            ["/../../etc/passwd", "/bin/gone"],
+            [
+                ("/../../etc/passwd", Refusal::BadPath),
+                ("/bin/gone", Refusal::Missing)
+            ],
             "refused or not found"
         );
         // A new report for the address space forgets the old mappings.
@@ -398,6 +453,31 @@ mod tests {
         let mut r = Resolver::new(Some(("demo".into(), demo)), None);
         r.mapping(&mapping(0xa000, main & !0xfff, "/bin/demo", true));
         assert_eq!(named(&r, 0xa000, main), "main");
+    }
+
+    #[test]
+    fn one_file_in_many_spellings_is_read_once() {
+        let root = std::env::temp_dir().join(format!("lwpvmm-aliases-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(root.join("bin")).unwrap();
+        let demo = crate::guests::get("demo").unwrap();
+        std::fs::write(root.join("bin/tool"), demo).unwrap();
+        std::fs::hard_link(root.join("bin/tool"), root.join("bin/link")).unwrap();
+        let mut r = Resolver::new(None, Some(Sysroot::dir(&root).into()));
+        // The spellings of the red team's 1,024-alias capture.
+        for i in 0..1024u64 {
+            let path = match i % 4 {
+                0 => format!("/bin/{}tool", "./".repeat(i as usize % 7)),
+                1 => format!("/{}bin/tool", "/".repeat(i as usize % 9)),
+                2 => format!("{}/bin//tool", "/.".repeat(i as usize % 5)),
+                _ => "/bin/link".to_owned(),
+            };
+            r.mapping(&mapping(0x1000 + i * 0x1000, 0x40_0000, &path, true));
+        }
+        assert_eq!(r.objects.len(), 1, "one object for every spelling and link");
+        assert_eq!(r.bytes_read, demo.len() as u64, "the file was read once");
+        assert!(r.missing.is_empty(), "{:?}", r.missing);
+        std::fs::remove_dir_all(root).unwrap();
     }
 
     #[test]

@@ -317,7 +317,7 @@ mod tests {
             .expect("main");
         let mut resolver = Resolver::new(
             None,
-            Some(crate::profile::sysroot::Sysroot::Dir(dir.clone()).into()),
+            Some(crate::profile::sysroot::Sysroot::dir(&dir).into()),
         );
         // The guest's segment: 1 MiB up, from file offset 4 KiB (guest.ld).
         resolver.mapping(&MappingLine {

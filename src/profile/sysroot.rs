@@ -1,18 +1,49 @@
-//! Where `lwpvmm report --sysroot` finds the guest's files: a directory
-//! holding them, or the initramfs the guest booted (newc cpio, plain or
-//! gzipped, archives concatenated as the kernel takes them). Guest paths
-//! are looked up as the guest named them; a path with `..` is refused.
+//! Where `lwpvmm report --sysroot` and the control API find the guest's
+//! files: a directory holding them, or the initramfs the guest booted (newc
+//! cpio, plain or gzipped, archives concatenated as the kernel takes them).
+//!
+//! Guest paths are hostile input (the guest module reports them, and a
+//! guest can plant any file in a disk image mounted as the sysroot), so one
+//! function, [`Sysroot::open_file`], decides for both what may be read:
+//! a path with `..` is refused; in a directory every component is opened
+//! with `O_NOFOLLOW` below a descriptor of the sysroot, so no symbolic
+//! link is followed (the guest module reports paths with their links
+//! resolved, so a real guest's paths have none); only a regular file is
+//! opened, without blocking, and read up to [`FILE_MAX`] bytes.
 
 use std::collections::HashMap;
+use std::fs::File;
 use std::io::{Cursor, Read};
 use std::ops::Range;
+use std::os::fd::OwnedFd;
 use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use flate2::read::GzDecoder;
+use rustix::fs::{AtFlags, CWD, FileType, Mode, OFlags};
 use thiserror::Error;
 
 /// The largest initramfs `--sysroot` takes, decompressed.
 pub const ARCHIVE_MAX: u64 = 2 << 30;
+/// The largest guest file read for its symbols: a larger one is refused.
+pub const FILE_MAX: u64 = 256 << 20;
+/// How a directory on the way to a guest file is opened: never through a
+/// symbolic link, and only to open below it.
+pub const DIR_OPEN_FLAGS: OFlags = OFlags::PATH
+    .union(OFlags::DIRECTORY)
+    .union(OFlags::NOFOLLOW)
+    .union(OFlags::CLOEXEC)
+    .union(OFlags::LARGEFILE);
+/// How a guest file is opened: read-only, never through a symbolic link,
+/// never waiting (a FIFO opens at once and is then refused), never as a
+/// controlling terminal. (rustix always adds `O_LARGEFILE`; the API's
+/// seccomp filter compares these exact flags.)
+pub const FILE_OPEN_FLAGS: OFlags = OFlags::RDONLY
+    .union(OFlags::NOFOLLOW)
+    .union(OFlags::NONBLOCK)
+    .union(OFlags::NOCTTY)
+    .union(OFlags::CLOEXEC)
+    .union(OFlags::LARGEFILE);
 const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 const NEWC_MAGICS: [&[u8; 6]; 2] = [b"070701", b"070702"];
 /// The file-type bits of a cpio mode, and a regular file's.
@@ -38,29 +69,127 @@ pub enum SysrootError {
     TooLarge(PathBuf),
 }
 
+/// Why a guest file was not read.
+#[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The sysroot has no such file.
+    #[error("not in the sysroot")]
+    Missing,
+    /// The path has `..`, no name, or is not UTF-8.
+    #[error("not a plain absolute path (`..` or no name)")]
+    BadPath,
+    /// A component of the path is a symbolic link.
+    #[error("a symbolic link on the way (links are not followed)")]
+    Symlink,
+    /// A device, a FIFO, a socket or a directory.
+    #[error("not a regular file")]
+    NotRegular,
+    /// Larger than [`FILE_MAX`].
+    #[error("{0} bytes, more than the {FILE_MAX} read for a guest file")]
+    TooLarge(u64),
+    /// The file changed between its check and its opening.
+    #[error("replaced while it was opened")]
+    Changed,
+    /// A profile read as many bytes of guest files as it may.
+    #[error("past the bytes one profile reads")]
+    Budget,
+    /// Reading failed.
+    #[error("cannot be read ({0})")]
+    Io(std::io::ErrorKind),
+}
+
+impl Refusal {
+    /// Whether this is a refusal to count, not a file that is just absent.
+    pub fn refused(&self) -> bool {
+        !matches!(self, Refusal::Missing)
+    }
+}
+
+/// Which file a guest path names: two paths naming the same file have the
+/// same identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FileId {
+    /// A directory sysroot's file: its device and inode.
+    Inode(u64, u64),
+    /// An initramfs's file: where its bytes start in the archive.
+    Archived(usize),
+}
+
+/// A guest file opened and checked, not yet read.
+#[derive(Debug)]
+pub struct GuestFile<'a> {
+    /// Which file it is.
+    pub id: FileId,
+    /// Its size in bytes (at most [`FILE_MAX`]).
+    pub size: u64,
+    source: Source<'a>,
+}
+
+#[derive(Debug)]
+enum Source<'a> {
+    File(File),
+    Archived(&'a [u8]),
+}
+
+impl GuestFile<'_> {
+    /// Its bytes, at most the size it had when it was opened.
+    pub fn read(self) -> Result<Vec<u8>, Refusal> {
+        match self.source {
+            Source::Archived(bytes) => Ok(bytes.to_vec()),
+            Source::File(file) => {
+                let mut out = Vec::with_capacity(usize::try_from(self.size).unwrap_or(0));
+                file.take(self.size)
+                    .read_to_end(&mut out)
+                    .map_err(|e| Refusal::Io(e.kind()))?;
+                Ok(out)
+            }
+        }
+    }
+}
+
 /// The guest's files.
 #[derive(Debug)]
 pub enum Sysroot {
     /// A directory: the guest's `/a/b` is `DIR/a/b`.
-    Dir(PathBuf),
+    Dir {
+        /// The directory, opened once: guest paths are opened below it.
+        root: OwnedFd,
+        /// Guest files refused (not the ones just absent).
+        refused: AtomicU64,
+    },
     /// An initramfs in memory, with where each regular file's bytes lie.
     Archive {
         bytes: Vec<u8>,
         files: HashMap<String, Range<usize>>,
+        /// Guest files refused (not the ones just absent).
+        refused: AtomicU64,
     },
 }
 
 impl Sysroot {
     /// Opens `path`: a directory, else an initramfs.
     pub fn open(path: &Path) -> Result<Self, SysrootError> {
-        if path.is_dir() {
-            return Ok(Sysroot::Dir(path.to_path_buf()));
-        }
         let read = |source| SysrootError::Read {
             path: path.to_path_buf(),
             source,
         };
-        let file = std::fs::File::open(path).map_err(read)?;
+        if path.is_dir() {
+            let root = rustix::fs::openat(
+                CWD,
+                path,
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(|e| read(e.into()))?;
+            return Ok(Sysroot::Dir {
+                root,
+                refused: AtomicU64::new(0),
+            });
+        }
+        let file = File::open(path).map_err(read)?;
+        if !file.metadata().map_err(read)?.is_file() {
+            return Err(SysrootError::NotAnArchive(path.to_path_buf()));
+        }
         let mut raw = Vec::new();
         file.take(ARCHIVE_MAX + 1)
             .read_to_end(&mut raw)
@@ -88,27 +217,133 @@ impl Sysroot {
             path: path.to_path_buf(),
             source,
         })?;
-        Ok(Sysroot::Archive { bytes, files })
+        Ok(Sysroot::Archive {
+            bytes,
+            files,
+            refused: AtomicU64::new(0),
+        })
     }
 
-    /// The guest file `guest_path`, when the sysroot has it.
-    pub fn read(&self, guest_path: &str) -> Option<Vec<u8>> {
-        let parts = normal(guest_path)?;
+    /// A directory sysroot, for tests.
+    #[cfg(test)]
+    pub fn dir(path: &Path) -> Self {
+        match Sysroot::open(path) {
+            Ok(root @ Sysroot::Dir { .. }) => root,
+            other => panic!("{}: not a directory sysroot: {other:?}", path.display()),
+        }
+    }
+
+    /// Guest files refused so far (symbolic links, devices, FIFOs, files
+    /// too large, ...), for the metrics.
+    pub fn refused(&self) -> u64 {
         match self {
-            Sysroot::Dir(root) => {
-                std::fs::read(parts.iter().fold(root.clone(), |p, c| p.join(c))).ok()
-            }
-            Sysroot::Archive { bytes, files } => {
-                let range = files.get(&parts.join("/"))?;
-                bytes.get(range.clone()).map(<[u8]>::to_vec)
+            Sysroot::Dir { refused, .. } | Sysroot::Archive { refused, .. } => {
+                refused.load(Ordering::Relaxed)
             }
         }
     }
+
+    /// Opens the guest file `guest_path` after the checks the module's
+    /// header names; a refusal other than [`Refusal::Missing`] is counted.
+    pub fn open_file(&self, guest_path: &str) -> Result<GuestFile<'_>, Refusal> {
+        let got = self.open_checked(guest_path);
+        if let Err(r) = &got
+            && r.refused()
+        {
+            match self {
+                Sysroot::Dir { refused, .. } | Sysroot::Archive { refused, .. } => {
+                    refused.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        got
+    }
+
+    fn open_checked(&self, guest_path: &str) -> Result<GuestFile<'_>, Refusal> {
+        let parts = normal(guest_path).ok_or(Refusal::BadPath)?;
+        match self {
+            Sysroot::Dir { root, .. } => open_below(root, &parts),
+            Sysroot::Archive { bytes, files, .. } => {
+                let range = files.get(&parts.join("/")).ok_or(Refusal::Missing)?;
+                let size = range.len() as u64;
+                if size > FILE_MAX {
+                    return Err(Refusal::TooLarge(size));
+                }
+                let data = bytes.get(range.clone()).ok_or(Refusal::Missing)?;
+                Ok(GuestFile {
+                    id: FileId::Archived(range.start),
+                    size,
+                    source: Source::Archived(data),
+                })
+            }
+        }
+    }
+
+    /// The bytes of the guest file `guest_path` (see [`Self::open_file`]).
+    pub fn read(&self, guest_path: &str) -> Result<Vec<u8>, Refusal> {
+        self.open_file(guest_path)?.read()
+    }
+}
+
+/// The errno of a failed look-up as a refusal.
+fn refusal(e: rustix::io::Errno) -> Refusal {
+    match e {
+        rustix::io::Errno::NOENT | rustix::io::Errno::NOTDIR => Refusal::Missing,
+        rustix::io::Errno::LOOP => Refusal::Symlink,
+        e => Refusal::Io(std::io::Error::from(e).kind()),
+    }
+}
+
+/// Opens `parts` below `root`, one component at a time, following no
+/// symbolic link and opening nothing but directories on the way and a
+/// regular file at the end.
+fn open_below<'a>(root: &OwnedFd, parts: &[&str]) -> Result<GuestFile<'a>, Refusal> {
+    let (leaf, dirs) = parts.split_last().ok_or(Refusal::BadPath)?;
+    let mut dir: Option<OwnedFd> = None;
+    for part in dirs {
+        let at = dir.as_ref().unwrap_or(root);
+        let st = rustix::fs::statat(at, *part, AtFlags::SYMLINK_NOFOLLOW).map_err(refusal)?;
+        match FileType::from_raw_mode(st.st_mode) {
+            FileType::Directory => {}
+            FileType::Symlink => return Err(Refusal::Symlink),
+            _ => return Err(Refusal::Missing),
+        }
+        dir = Some(rustix::fs::openat(at, *part, DIR_OPEN_FLAGS, Mode::empty()).map_err(refusal)?);
+    }
+    let at = dir.as_ref().unwrap_or(root);
+    // Checked before opening, so that no device or FIFO is ever opened.
+    let st = rustix::fs::statat(at, *leaf, AtFlags::SYMLINK_NOFOLLOW).map_err(refusal)?;
+    match FileType::from_raw_mode(st.st_mode) {
+        FileType::RegularFile => {}
+        FileType::Symlink => return Err(Refusal::Symlink),
+        _ => return Err(Refusal::NotRegular),
+    }
+    let size = u64::try_from(st.st_size).unwrap_or(u64::MAX);
+    if size > FILE_MAX {
+        return Err(Refusal::TooLarge(size));
+    }
+    let fd = rustix::fs::openat(at, *leaf, FILE_OPEN_FLAGS, Mode::empty()).map_err(refusal)?;
+    // And again after: a file swapped in between is refused.
+    let now = rustix::fs::fstat(&fd).map_err(refusal)?;
+    if FileType::from_raw_mode(now.st_mode) != FileType::RegularFile
+        || (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino)
+    {
+        return Err(Refusal::Changed);
+    }
+    let size = u64::try_from(now.st_size).unwrap_or(u64::MAX);
+    if size > FILE_MAX {
+        return Err(Refusal::TooLarge(size));
+    }
+    Ok(GuestFile {
+        id: FileId::Inode(now.st_dev, now.st_ino),
+        size,
+        source: Source::File(File::from(fd)),
+    })
 }
 
 /// The components of a guest path, without the root and `.`; `None` for
 /// `..` or an empty path.
-fn normal(path: &str) -> Option<Vec<&str>> {
+pub fn normal(path: &str) -> Option<Vec<&str>> {
     let mut parts = Vec::new();
     for c in Path::new(path).components() {
         match c {
@@ -221,8 +456,63 @@ mod tests {
         ];
         for (i, (bytes, path, want)) in table.into_iter().enumerate() {
             let root = Sysroot::open(&write(&format!("a{i}.cpio"), bytes)).unwrap();
-            assert_eq!(root.read(path).as_deref(), want, "{path}");
+            assert_eq!(root.read(path).ok().as_deref(), want, "{path}");
         }
+    }
+
+    #[test]
+    fn a_directory_gives_regular_files_below_it_and_refuses_the_rest() {
+        use rustix::fs::{FileType, Mode, mknodat};
+        let dir = std::env::temp_dir().join(format!("lwpvmm-sysroot-dir-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("bin")).unwrap();
+        std::fs::create_dir_all(dir.join("dev")).unwrap();
+        std::fs::write(dir.join("bin/tool"), b"\x7fELF tool").unwrap();
+        std::os::unix::fs::symlink("/etc/hostname", dir.join("bin/out")).unwrap();
+        std::os::unix::fs::symlink("tool", dir.join("bin/in")).unwrap();
+        std::os::unix::fs::symlink("/", dir.join("up")).unwrap();
+        let fifo = Mode::from_raw_mode(0o600);
+        mknodat(rustix::fs::CWD, &dir.join("dev/fifo"), FileType::Fifo, fifo, 0).unwrap();
+        // /dev/zero's device number: a character device that never ends.
+        let zero = rustix::fs::makedev(1, 5);
+        let chr = mknodat(rustix::fs::CWD, &dir.join("dev/zero"), FileType::CharacterDevice, fifo, zero);
+        std::fs::File::create(dir.join("big"))
+            .unwrap()
+            .set_len(FILE_MAX + 1)
+            .unwrap();
+        let root = Sysroot::dir(&dir);
+        // (guest path, what reading it gives)
+        let mut table: Vec<(&str, Result<&[u8], Refusal>)> = vec![
+            ("/bin/tool", Ok(b"\x7fELF tool")),
+            ("/.//bin/./tool", Ok(b"\x7fELF tool")),
+            ("/bin/out", Err(Refusal::Symlink)),
+            ("/bin/in", Err(Refusal::Symlink)),
+            ("/up/etc/hostname", Err(Refusal::Symlink)),
+            ("/dev/fifo", Err(Refusal::NotRegular)),
+            ("/bin", Err(Refusal::NotRegular)),
+            ("/big", Err(Refusal::TooLarge(FILE_MAX + 1))),
+            ("/bin/../bin/tool", Err(Refusal::BadPath)),
+            ("/", Err(Refusal::BadPath)),
+            ("/bin/tool/x", Err(Refusal::Missing)),
+            ("/nothing", Err(Refusal::Missing)),
+        ];
+        // Creating a device node needs CAP_MKNOD and a mount without nodev.
+        if chr.is_ok() {
+            table.push(("/dev/zero", Err(Refusal::NotRegular)));
+        }
+        for (path, want) in &table {
+            let got = root.read(path);
+            assert_eq!(got.as_deref().map_err(|e| *e), *want, "{path}");
+        }
+        let refused = table
+            .iter()
+            .filter(|(_, w)| w.is_err_and(|r| r.refused()))
+            .count();
+        assert_eq!(root.refused(), refused as u64, "refusals are counted");
+        // Two spellings of one file are one file.
+        let id = |p| root.open_file(p).map(|f| f.id);
+        assert_eq!(id("/bin/tool"), id("bin//tool"));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

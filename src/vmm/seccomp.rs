@@ -155,9 +155,14 @@ const API: &[i64] = &[
     libc::SYS_shutdown,
 ];
 
-/// The only flags the API thread opens files with: what `std::fs::read`
-/// passes (read-only, close-on-exec), so it can create or write nothing.
-const API_OPEN_FLAGS: u64 = libc::O_RDONLY as u64 | libc::O_CLOEXEC as u64;
+/// The only flags the API thread opens files with, so it can create or
+/// write nothing: a directory sysroot's directories and guest files,
+/// opened one component at a time without following links
+/// (`profile::sysroot`).
+const API_OPEN_FLAGS: [u64; 2] = [
+    crate::profile::sysroot::DIR_OPEN_FLAGS.bits() as u64,
+    crate::profile::sysroot::FILE_OPEN_FLAGS.bits() as u64,
+];
 
 const KVMIO: u32 = 0xae;
 
@@ -265,13 +270,16 @@ fn build(kind: ThreadKind, mode: SeccompMode) -> Result<BpfProgram, SeccompError
         })
         .collect::<Result<Vec<_>, _>>()?;
     if kind == ThreadKind::Api {
-        let read_only =
-            SeccompCondition::new(2, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, API_OPEN_FLAGS)
-                .map_err(err)?;
-        rules.insert(
-            libc::SYS_openat,
-            vec![SeccompRule::new(vec![read_only]).map_err(err)?],
-        );
+        let read_only = API_OPEN_FLAGS
+            .iter()
+            .map(|&flags| {
+                let condition =
+                    SeccompCondition::new(2, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, flags)
+                        .map_err(err)?;
+                SeccompRule::new(vec![condition]).map_err(err)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        rules.insert(libc::SYS_openat, read_only);
     }
     // An empty rule list would allow every ioctl: a thread that makes none
     // gets no ioctl entry at all.

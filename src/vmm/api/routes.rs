@@ -314,7 +314,14 @@ fn metrics_json(_: &Request, cx: &mut Context<'_>) -> Response {
 fn metrics_prometheus(_: &Request, cx: &mut Context<'_>) -> Response {
     let vm = cx.vm;
     vm.metrics().map_or_else(vm_error, |m| {
-        Response::ok("text/plain; version=0.0.4", m.prometheus().into_bytes())
+        let mut text = m.prometheus();
+        if let Some(root) = &cx.sysroot {
+            text.push_str(&format!(
+                "# HELP lwpvmm_sysroot_refused_total Guest-named files --sysroot refused (links, devices, FIFOs, too large).\n# TYPE lwpvmm_sysroot_refused_total counter\nlwpvmm_sysroot_refused_total {}\n",
+                root.refused()
+            ));
+        }
+        Response::ok("text/plain; version=0.0.4", text.into_bytes())
     })
 }
 
