@@ -107,32 +107,29 @@ fn free_port() -> SocketAddr {
         .unwrap()
 }
 
-#[test]
-fn the_api_drives_a_running_vm_and_refuses_what_it_must() {
-    common::require_kvm();
-    let dir =
-        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("api-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+/// The throughput guest looping for minutes under lwpvmm with both
+/// listeners, in `dir`; returns it once its socket answers, and its
+/// arguments (for a second lwpvmm on the same socket).
+fn start_vm(dir: &Path) -> (Running, PathBuf, SocketAddr, Vec<String>) {
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).unwrap();
     let guest = dir.join("throughput.elf");
     std::fs::write(&guest, lwpvmm::guests::get("throughput").unwrap()).unwrap();
     let (sock, listen) = (dir.join("api.sock"), free_port());
-    let args = |sock: &Path| {
-        vec![
-            "run".to_owned(),
-            "--kernel".into(),
-            guest.display().to_string(),
-            "--cmdline".into(),
-            "lwp=1 work=1000000000000".into(),
-            "--api-sock".into(),
-            sock.display().to_string(),
-            "--api-listen".into(),
-            listen.to_string(),
-        ]
-    };
+    let args = vec![
+        "run".to_owned(),
+        "--kernel".into(),
+        guest.display().to_string(),
+        "--cmdline".into(),
+        "lwp=1 work=1000000000000".into(),
+        "--api-sock".into(),
+        sock.display().to_string(),
+        "--api-listen".into(),
+        listen.to_string(),
+    ];
     let mut vm = Running(
         Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
-            .args(args(&sock))
+            .args(&args)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -150,6 +147,15 @@ fn the_api_drives_a_running_vm_and_refuses_what_it_must() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+    (vm, sock, listen, args)
+}
+
+#[test]
+fn the_api_drives_a_running_vm_and_refuses_what_it_must() {
+    common::require_kvm();
+    let dir =
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("api-{}", std::process::id()));
+    let (mut vm, sock, listen, args) = start_vm(&dir);
     let mode = std::fs::metadata(&sock).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600, "the socket is owner-only");
 
@@ -283,7 +289,7 @@ fn the_api_drives_a_running_vm_and_refuses_what_it_must() {
 
     // A second lwpvmm may not take the socket.
     let second = Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
-        .args(args(&sock))
+        .args(&args)
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&second.stderr);
@@ -312,4 +318,85 @@ fn the_api_drives_a_running_vm_and_refuses_what_it_must() {
     assert_eq!(status.code(), Some(0), "{stderr}");
     assert!(!sock.exists(), "the socket is removed at exit");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Slow TCP clients (a byte a second, or nothing) and held-open TCP pprof
+/// requests while the owner uses the socket: each slow client would be
+/// closed only at its request deadline (5 s from its connection) and keeps
+/// sending for longer, so an owner's answer that arrives within 4 s came
+/// while they all held their connections. Before the poll loop served
+/// connections side by side, the first trickling client held the API
+/// thread for as long as it kept sending.
+#[test]
+fn slow_tcp_clients_never_delay_the_owner() {
+    common::require_kvm();
+    let dir =
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("api-slow-{}", std::process::id()));
+    let (_vm, sock, listen, _) = start_vm(&dir);
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut slow = Vec::new();
+    for i in 0..8 {
+        let done = done.clone();
+        slow.push(std::thread::spawn(move || {
+            let mut s = TcpStream::connect(listen).unwrap();
+            for b in b"GET /metrics HTTP/1.1\r\nHost: x\r\n".iter().cycle() {
+                if done.load(std::sync::atomic::Ordering::Relaxed) {
+                    return;
+                }
+                // Half trickle a byte a second, half stay idle.
+                if i % 2 == 0 && s.write_all(&[*b]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let within = |s: &UnixStream| s.set_read_timeout(Some(Duration::from_secs(4))).unwrap();
+    let mut owner = UnixStream::connect(&sock).unwrap();
+    within(&owner);
+    let (status, body) = exchange(&mut owner, get("/").as_bytes());
+    assert_eq!(
+        status, 200,
+        "the owner's GET / beside eight slow clients: {body}"
+    );
+    let mut scrape = TcpStream::connect(listen).unwrap();
+    scrape
+        .set_read_timeout(Some(Duration::from_secs(4)))
+        .unwrap();
+    let (status, body) = exchange(&mut scrape, get("/metrics").as_bytes());
+    assert_eq!(status, 200, "a scrape beside eight slow clients: {body}");
+
+    // Held-open TCP pprof requests take at most their own slots: the
+    // owner still starts a capture.
+    let pprof = get("/debug/pprof/profile?seconds=300");
+    let mut held = Vec::new();
+    let mut refused = 0;
+    for _ in 0..4 {
+        let mut s = TcpStream::connect(listen).unwrap();
+        s.write_all(pprof.as_bytes()).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        let mut answer = Vec::new();
+        match s.read_to_end(&mut answer) {
+            Ok(_) => {
+                let text = String::from_utf8_lossy(&answer);
+                assert!(text.starts_with("HTTP/1.1 409"), "{text}");
+                assert!(text.contains("over TCP"), "{text}");
+                refused += 1;
+            }
+            Err(_) => held.push(s),
+        }
+    }
+    assert_eq!((held.len(), refused), (2, 2), "two TCP captures at most");
+    let mut start = UnixStream::connect(&sock).unwrap();
+    within(&start);
+    let (status, body) = exchange(
+        &mut start,
+        with_body("PUT", "/capture/start", "").as_bytes(),
+    );
+    assert_eq!(status, 204, "the owner's capture beside TCP's: {body}");
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    slow.into_iter().for_each(|t| t.join().unwrap());
+    let _ = std::fs::remove_dir_all(&dir);
 }

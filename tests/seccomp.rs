@@ -41,7 +41,10 @@ fn probe(which: &str) -> ! {
         let dir = std::env::temp_dir().join(format!("lwpvmm-seccomp-{}", std::process::id()));
         std::fs::create_dir_all(dir.join("bin")).expect("sysroot");
         std::fs::write(dir.join("bin/tool"), b"\x7fELF tool").expect("sysroot file");
-        (lwpvmm::profile::sysroot::Sysroot::open(&dir).expect("open the sysroot"), dir)
+        (
+            lwpvmm::profile::sysroot::Sysroot::open(&dir).expect("open the sysroot"),
+            dir,
+        )
     });
     install(kind, mode, "probe").expect("install the filter");
     if which.contains("denied") {

@@ -348,14 +348,20 @@ mod tests {
             }
         }
         assert!(t.bytes() <= MAX_TABLE_BYTES, "{} bytes", t.bytes());
-        assert!(t.bytes() > MAX_TABLE_BYTES - MAX_MAPPINGS_PER_SPACE * line_bytes(&mapping(0, &long, true)));
+        assert!(
+            t.bytes()
+                > MAX_TABLE_BYTES - MAX_MAPPINGS_PER_SPACE * line_bytes(&mapping(0, &long, true))
+        );
         let newest = (MAX_SPACES as u64 - 1) << 12;
         assert_eq!(t.version().lines(newest).count(), MAX_MAPPINGS_PER_SPACE);
         assert_eq!(t.version().lines(0).count(), 0, "the oldest went first");
         // A capture keeps the version it started with.
         assert_eq!(captures[0].start.lines(0).count(), MAX_MAPPINGS_PER_SPACE);
         // Its lines are the table's, not copies.
-        let (a, b) = (captures[3].start.0.get(&(1 << 12)), t.spaces.get(&(1 << 12)));
+        let (a, b) = (
+            captures[3].start.0.get(&(1 << 12)),
+            t.spaces.get(&(1 << 12)),
+        );
         if let (Some(a), Some(b)) = (a, b) {
             assert!(Arc::ptr_eq(&a.lines, &b.lines));
         }

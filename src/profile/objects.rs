@@ -432,7 +432,8 @@ mod tests {
         for (cr3, address, want) in table {
             assert_eq!(named(&r, cr3, address), want, "{cr3:#x} {address:#x}");
         }
-        let missing: Vec<(&str, Refusal)> = r.missing.iter().map(|(p, w)| (p.as_str(), *w)).collect();
+        let missing: Vec<(&str, Refusal)> =
+            r.missing.iter().map(|(p, w)| (p.as_str(), *w)).collect();
         assert_eq!(
             missing,
             [

@@ -472,10 +472,23 @@ mod tests {
         std::os::unix::fs::symlink("tool", dir.join("bin/in")).unwrap();
         std::os::unix::fs::symlink("/", dir.join("up")).unwrap();
         let fifo = Mode::from_raw_mode(0o600);
-        mknodat(rustix::fs::CWD, &dir.join("dev/fifo"), FileType::Fifo, fifo, 0).unwrap();
+        mknodat(
+            rustix::fs::CWD,
+            dir.join("dev/fifo"),
+            FileType::Fifo,
+            fifo,
+            0,
+        )
+        .unwrap();
         // /dev/zero's device number: a character device that never ends.
         let zero = rustix::fs::makedev(1, 5);
-        let chr = mknodat(rustix::fs::CWD, &dir.join("dev/zero"), FileType::CharacterDevice, fifo, zero);
+        let chr = mknodat(
+            rustix::fs::CWD,
+            dir.join("dev/zero"),
+            FileType::CharacterDevice,
+            fifo,
+            zero,
+        );
         std::fs::File::create(dir.join("big"))
             .unwrap()
             .set_len(FILE_MAX + 1)

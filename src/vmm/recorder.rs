@@ -17,6 +17,9 @@ use crate::profile::trace::{MappingLine, TraceRecord, TraceWriter};
 
 /// Captures running at once (pprof requests and a started capture).
 pub const MAX_CAPTURES: usize = 4;
+/// Of those, the most that TCP clients (`--api-listen`) hold: they can
+/// never take the last slot, which is the owner's.
+pub const MAX_TCP_CAPTURES: usize = 2;
 
 /// Every LWP EventId: what is recorded unless the API narrows it.
 pub const EVENT_IDS: [u8; 7] = [1, 2, 3, 4, 5, 6, 255];
@@ -30,6 +33,9 @@ pub enum CaptureError {
     /// Too many run already.
     #[error("{MAX_CAPTURES} captures are running already: wait for one to end")]
     Busy,
+    /// TCP clients hold all the captures they may.
+    #[error("{MAX_TCP_CAPTURES} captures over TCP are running already: wait for one to end")]
+    TcpBusy,
     /// The VM keeps no records (no trace and no API).
     #[error("this VM keeps no records")]
     Off,
@@ -41,11 +47,20 @@ pub struct Recorder {
     trace_on: AtomicBool,
     /// One bit per EventId: what goes to the trace and the captures.
     events: [AtomicU64; 4],
-    captures: Mutex<Vec<(CaptureId, Capture)>>,
+    captures: Mutex<Vec<(CaptureId, CaptureOwner, Capture)>>,
     capturing: AtomicBool,
     next_id: AtomicU64,
     mappings: Option<Mutex<MappingTable>>,
     sample_hz: AtomicU32,
+}
+
+/// Who asked for a capture.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CaptureOwner {
+    /// The owner, on the Unix socket.
+    Owner,
+    /// A TCP client (`--api-listen`).
+    Tcp,
 }
 
 /// What [`Recorder::records`] did with a batch.
@@ -138,7 +153,7 @@ impl Recorder {
         if self.capturing.load(Ordering::Relaxed)
             && let Ok(mut captures) = self.captures.lock()
         {
-            for (_, c) in captures.iter_mut() {
+            for (_, _, c) in captures.iter_mut() {
                 lines.iter().for_each(|l| c.record(l));
             }
         }
@@ -166,7 +181,7 @@ impl Recorder {
         if self.capturing.load(Ordering::Relaxed)
             && let Ok(mut captures) = self.captures.lock()
         {
-            captures.iter_mut().for_each(|(_, c)| c.mapping(line));
+            captures.iter_mut().for_each(|(_, _, c)| c.mapping(line));
         }
         // The trace gets every mapping, also while its records pause: the
         // records after a resume resolve with them.
@@ -176,18 +191,30 @@ impl Recorder {
         }
     }
 
-    /// Starts a capture.
-    pub fn start_capture(&self) -> Result<CaptureId, CaptureError> {
+    /// Starts a capture for `owner`. TCP clients hold at most
+    /// [`MAX_TCP_CAPTURES`], and never the last free slot.
+    pub fn start_capture(&self, owner: CaptureOwner) -> Result<CaptureId, CaptureError> {
         let Some(table) = &self.mappings else {
             return Err(CaptureError::Off);
         };
         let capture = Capture::new(&*table.lock().map_err(|_| CaptureError::Off)?);
         let mut captures = self.captures.lock().map_err(|_| CaptureError::Off)?;
-        if captures.len() >= MAX_CAPTURES {
+        let tcp = captures
+            .iter()
+            .filter(|(_, o, _)| *o == CaptureOwner::Tcp)
+            .count();
+        if owner == CaptureOwner::Tcp && tcp >= MAX_TCP_CAPTURES {
+            return Err(CaptureError::TcpBusy);
+        }
+        let limit = match owner {
+            CaptureOwner::Owner => MAX_CAPTURES,
+            CaptureOwner::Tcp => MAX_CAPTURES - 1,
+        };
+        if captures.len() >= limit {
             return Err(CaptureError::Busy);
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        captures.push((id, capture));
+        captures.push((id, owner, capture));
         self.capturing.store(true, Ordering::Relaxed);
         Ok(id)
     }
@@ -195,8 +222,8 @@ impl Recorder {
     /// Ends capture `id` and hands it over; `None` when it is not running.
     pub fn finish_capture(&self, id: CaptureId) -> Option<Capture> {
         let mut captures = self.captures.lock().ok()?;
-        let at = captures.iter().position(|(i, _)| *i == id)?;
-        let (_, capture) = captures.swap_remove(at);
+        let at = captures.iter().position(|(i, _, _)| *i == id)?;
+        let (_, _, capture) = captures.swap_remove(at);
         self.capturing
             .store(!captures.is_empty(), Ordering::Relaxed);
         Some(capture)
@@ -212,8 +239,8 @@ impl Recorder {
         let captures = self.captures.lock().ok()?;
         captures
             .iter()
-            .find(|(i, _)| *i == id)
-            .map(|(_, c)| c.records)
+            .find(|(i, _, _)| *i == id)
+            .map(|(_, _, c)| c.records)
     }
 
     /// Flushes the trace.
@@ -259,9 +286,9 @@ mod tests {
     fn captures_run_side_by_side_and_end_apart() {
         let r = Recorder::new(None, true, 0);
         assert!(!r.wants_records());
-        let a = r.start_capture().unwrap();
+        let a = r.start_capture(CaptureOwner::Owner).unwrap();
         r.records(&[record(5)]);
-        let b = r.start_capture().unwrap();
+        let b = r.start_capture(CaptureOwner::Owner).unwrap();
         r.records(&[record(5), record(5)]);
         assert_eq!(r.capture_records(a), Some(3));
         assert_eq!(r.finish_capture(b).map(|c| c.records), Some(2));
@@ -269,13 +296,49 @@ mod tests {
         assert_eq!(r.finish_capture(a).map(|c| c.records), Some(3));
         assert!(!r.wants_records());
         assert!(r.finish_capture(a).is_none(), "once");
-        let ids: Vec<_> = (0..MAX_CAPTURES).map(|_| r.start_capture()).collect();
+        let ids: Vec<_> = (0..MAX_CAPTURES)
+            .map(|_| r.start_capture(CaptureOwner::Owner))
+            .collect();
         assert!(ids.iter().all(Result::is_ok));
-        assert_eq!(r.start_capture(), Err(CaptureError::Busy));
         assert_eq!(
-            Recorder::new(None, false, 0).start_capture(),
+            r.start_capture(CaptureOwner::Owner),
+            Err(CaptureError::Busy)
+        );
+        assert_eq!(
+            Recorder::new(None, false, 0).start_capture(CaptureOwner::Owner),
             Err(CaptureError::Off)
         );
+    }
+
+    #[test]
+    fn tcp_clients_never_take_the_owners_slot() {
+        use CaptureOwner::{Owner, Tcp};
+        // (captures asked for in order, what each gets)
+        let table: &[&[(CaptureOwner, Result<(), CaptureError>)]] = &[
+            &[
+                (Tcp, Ok(())),
+                (Tcp, Ok(())),
+                (Tcp, Err(CaptureError::TcpBusy)),
+                (Tcp, Err(CaptureError::TcpBusy)),
+                (Owner, Ok(())),
+                (Owner, Ok(())),
+                (Owner, Err(CaptureError::Busy)),
+            ],
+            &[
+                (Owner, Ok(())),
+                (Owner, Ok(())),
+                (Tcp, Ok(())),
+                (Tcp, Err(CaptureError::Busy)),
+                (Owner, Ok(())),
+            ],
+        ];
+        for (n, asks) in table.iter().enumerate() {
+            let r = Recorder::new(None, true, 0);
+            for (i, (owner, want)) in asks.iter().enumerate() {
+                let got = r.start_capture(*owner).map(|_| ());
+                assert_eq!(&got, want, "case {n}, ask {i}");
+            }
+        }
     }
 
     #[test]
@@ -291,7 +354,7 @@ mod tests {
             first: true,
         };
         assert!(r.mapping(&line));
-        let id = r.start_capture().unwrap();
+        let id = r.start_capture(CaptureOwner::Owner).unwrap();
         r.records(&[record(5)]);
         let mut resolver = crate::profile::objects::Resolver::new(None, None);
         let tally = r.finish_capture(id).unwrap().tally(&mut resolver);

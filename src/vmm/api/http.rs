@@ -1,6 +1,6 @@
-//! The HTTP/1.1 of the control API: one request per connection, read
-//! within fixed bounds (httparse parses the head), and a response that
-//! closes the connection. Clients are untrusted: every malformed, oversized
+//! The HTTP/1.1 of the control API: one request per connection, parsed
+//! as its bytes arrive within fixed bounds (httparse parses the head), and
+//! a response that closes the connection. Clients are untrusted: every malformed, oversized
 //! or truncated request is a typed error, never a panic.
 
 use std::io::{Read, Write};
@@ -60,7 +60,8 @@ pub struct Request {
     pub body: Vec<u8>,
 }
 
-/// Reads one request from `from`.
+/// Reads one request from `from`, blocking (for tests and simple
+/// clients; the server feeds [`parse_request`] as bytes arrive).
 pub fn read_request(from: &mut impl Read) -> Result<Request, HttpError> {
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
@@ -70,24 +71,37 @@ pub fn read_request(from: &mut impl Read) -> Result<Request, HttpError> {
             return Err(HttpError::Closed);
         }
         buf.extend_from_slice(&chunk[..n]);
-        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let mut head = httparse::Request::new(&mut headers);
-        match head.parse(&buf) {
-            Ok(httparse::Status::Complete(len)) => {
-                let (request, body_len) = parts(&head)?;
-                return read_body(from, request, buf.split_off(len), body_len);
-            }
-            Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => {
-                return Err(HttpError::HeadTooLarge);
-            }
-            Ok(httparse::Status::Partial) => {}
-            Err(httparse::Error::TooManyHeaders) => {
-                return Err(HttpError::Malformed(format!(
-                    "more than {MAX_HEADERS} header fields"
-                )));
-            }
-            Err(e) => return Err(HttpError::Malformed(e.to_string())),
+        if let Some(request) = parse_request(&buf)? {
+            return Ok(request);
         }
+    }
+}
+
+/// The request `buf` holds, once all of it has arrived (`None` until
+/// then). What follows its body is ignored.
+pub fn parse_request(buf: &[u8]) -> Result<Option<Request>, HttpError> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut head = httparse::Request::new(&mut headers);
+    match head.parse(buf) {
+        Ok(httparse::Status::Complete(len)) if len > MAX_HEAD => Err(HttpError::HeadTooLarge),
+        Ok(httparse::Status::Complete(len)) => {
+            let (mut request, body_len) = parts(&head)?;
+            // Bounded by MAX_BODY in `parts`.
+            let body_len = usize::try_from(body_len).unwrap_or(MAX_BODY);
+            match buf.get(len..len + body_len) {
+                Some(body) => {
+                    request.body = body.to_vec();
+                    Ok(Some(request))
+                }
+                None => Ok(None),
+            }
+        }
+        Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => Err(HttpError::HeadTooLarge),
+        Ok(httparse::Status::Partial) => Ok(None),
+        Err(httparse::Error::TooManyHeaders) => Err(HttpError::Malformed(format!(
+            "more than {MAX_HEADERS} header fields"
+        ))),
+        Err(e) => Err(HttpError::Malformed(e.to_string())),
     }
 }
 
@@ -124,27 +138,6 @@ fn parts(head: &httparse::Request<'_, '_>) -> Result<(Request, u64), HttpError> 
         body: Vec::new(),
     };
     Ok((request, body_len))
-}
-
-fn read_body(
-    from: &mut impl Read,
-    mut request: Request,
-    mut body: Vec<u8>,
-    len: u64,
-) -> Result<Request, HttpError> {
-    // Bounded by MAX_BODY in `parts`.
-    let len = usize::try_from(len).unwrap_or(MAX_BODY);
-    let mut chunk = [0u8; 1024];
-    while body.len() < len {
-        let n = from.read(&mut chunk)?;
-        if n == 0 {
-            return Err(HttpError::Closed);
-        }
-        body.extend_from_slice(&chunk[..n]);
-    }
-    body.truncate(len);
-    request.body = body;
-    Ok(request)
 }
 
 /// A response; the connection closes after it.
@@ -219,6 +212,12 @@ impl Response {
 
     /// Writes it.
     pub fn write(&self, to: &mut impl Write) -> std::io::Result<()> {
+        to.write_all(&self.to_bytes())?;
+        to.flush()
+    }
+
+    /// Its bytes on the wire.
+    pub fn to_bytes(&self) -> Vec<u8> {
         let mut head = format!(
             "HTTP/1.1 {} {}\r\nServer: lwpvmm\r\nConnection: close\r\nContent-Length: {}\r\n",
             self.status,
@@ -232,9 +231,9 @@ impl Response {
             head.push_str(&format!("Allow: {allow}\r\n"));
         }
         head.push_str("\r\n");
-        to.write_all(head.as_bytes())?;
-        to.write_all(&self.body)?;
-        to.flush()
+        let mut out = head.into_bytes();
+        out.extend_from_slice(&self.body);
+        out
     }
 }
 

@@ -3,15 +3,17 @@
 //! through a [`VmmHandle`]. It listens on an owner-only Unix socket
 //! (`--api-sock`: every endpoint; a peer of another user is refused even if
 //! it got through the file mode) and, when asked, on TCP (`--api-listen`:
-//! the read-only endpoints). One connection at a time, each with read and
-//! write timeouts, so a slow or vanished client holds the API for a few
-//! seconds at most and never the VM.
+//! the read-only endpoints). One poll loop serves every connection at
+//! once, without blocking on any: each request has one deadline from the
+//! client's connection, each answer one to go out, and TCP clients have
+//! their connections and captures apart from the owner's, so no TCP
+//! client can delay the owner's socket and no client holds the VM.
 
 pub mod http;
 pub mod routes;
 
 use std::io;
-use std::io::Read;
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -25,7 +27,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
 use thiserror::Error;
 
-use self::http::{Response, read_request};
+use self::http::{Response, parse_request};
 use self::routes::{Answer, Context, Origin, finish_profile, route};
 use super::seccomp::{self, SeccompMode, ThreadKind};
 use super::vmm::VmmHandle;
@@ -33,9 +35,6 @@ use crate::guest_warn;
 use crate::profile::sysroot::{Sysroot, SysrootError};
 use crate::vmm::recorder::CaptureId;
 use std::sync::Arc;
-
-/// How long a client may take to send its request, or to take the answer.
-const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Requests refused (malformed, oversized, another user's), for the
 /// rate-limited log lines.
@@ -163,33 +162,38 @@ impl ApiListeners {
             vm,
             sysroot: self.sysroot.clone(),
             started: None,
+            origin: Origin::Unix,
         };
-        let mut waiting: Vec<Waiting> = Vec::new();
+        let mut conns: Vec<Conn> = Vec::new();
+        // Once the VM ends: until when the answers still due may go out.
+        let mut stopping: Option<Instant> = None;
         loop {
             let now = Instant::now();
-            let (due, later): (Vec<Waiting>, Vec<Waiting>) =
-                waiting.into_iter().partition(|w| w.due <= now);
-            waiting = later;
-            due.into_iter().for_each(|w| w.answer(&cx));
-            let timeout = waiting
-                .iter()
-                .map(|w| w.due.saturating_duration_since(now))
-                .min()
-                .map_or(PollTimeout::NONE, |d| {
-                    // Rounded up: a timeout cut short would spin until due.
-                    let ms = d.as_millis().saturating_add(1);
-                    PollTimeout::try_from(ms.min(60_000) as u32).unwrap_or(PollTimeout::MAX)
-                });
-            let mut fds = vec![PollFd::new(stopped.as_fd(), PollFlags::POLLIN)];
-            if let Some((l, _)) = &self.unix {
-                fds.push(PollFd::new(l.as_fd(), PollFlags::POLLIN));
+            conns.retain_mut(|c| c.tick(now, &mut cx));
+            if let Some(end) = stopping
+                && (conns.is_empty() || now >= end)
+            {
+                return;
             }
-            if let Some(l) = &self.tcp {
-                fds.push(PollFd::new(l.as_fd(), PollFlags::POLLIN));
+            let wake = conns.iter().map(Conn::wake_at).chain(stopping).min();
+            let timeout = wake.map_or(PollTimeout::NONE, |at| {
+                // Rounded up: a timeout cut short would spin until due.
+                let ms = at.saturating_duration_since(now).as_millis() + 1;
+                PollTimeout::try_from(ms.min(60_000) as u32).unwrap_or(PollTimeout::MAX)
+            });
+            let mut fds = Vec::with_capacity(3 + conns.len());
+            if stopping.is_none() {
+                fds.push(PollFd::new(stopped.as_fd(), PollFlags::POLLIN));
+                if let Some((l, _)) = &self.unix {
+                    fds.push(PollFd::new(l.as_fd(), PollFlags::POLLIN));
+                }
+                if let Some(l) = &self.tcp {
+                    fds.push(PollFd::new(l.as_fd(), PollFlags::POLLIN));
+                }
             }
             let listeners = fds.len();
-            for w in &waiting {
-                fds.push(PollFd::new(w.stream.as_fd(), PollFlags::POLLIN));
+            for c in &conns {
+                fds.push(PollFd::new(c.stream.as_fd(), c.interest()));
             }
             match poll(&mut fds, timeout) {
                 Ok(_) | Err(nix::errno::Errno::EINTR) => {}
@@ -203,110 +207,302 @@ impl ApiListeners {
                 .map(|f| f.revents().is_some_and(|r| !r.is_empty()))
                 .collect();
             drop(fds);
-            if ready[0] {
-                // The VM ended: what was captured is the whole profile.
-                waiting.into_iter().for_each(|w| w.answer(&cx));
-                return;
+            let mut at = listeners;
+            conns.retain_mut(|c| {
+                at += 1;
+                !ready[at - 1] || c.ready(Instant::now(), &mut cx)
+            });
+            if listeners == 0 {
+                continue;
             }
-            // A waiting client that hung up takes its capture with it.
-            let mut keep = ready[listeners..].iter();
-            waiting.retain_mut(|w| keep.next() != Some(&true) || w.still_there(vm));
+            if ready[0] {
+                // The VM ended: what was captured is the whole profile,
+                // and requests not yet read get no answer.
+                let now = Instant::now();
+                stopping = Some(now + FINAL_FLUSH);
+                conns.retain_mut(|c| c.finish(now, &cx));
+                continue;
+            }
             let mut next = ready[1..listeners].iter();
             if let Some((listener, owner)) = &self.unix
                 && next.next() == Some(&true)
-                && let Some(w) = self.accept_unix(listener, *owner, &mut cx)
             {
-                waiting.push(w);
+                let open = conns.iter().filter(|c| c.origin == Origin::Unix).count();
+                conns.extend(accept_unix(listener, *owner, open));
             }
             if let Some(listener) = &self.tcp
                 && next.next() == Some(&true)
             {
+                let open = conns.iter().filter(|c| c.origin == Origin::Tcp).count();
                 match listener.accept() {
-                    Ok((stream, _)) => {
-                        waiting.extend(answer(Stream::Tcp(stream), Origin::Tcp, &mut cx));
+                    Ok((stream, _)) if open < MAX_TCP_CONNECTIONS => {
+                        conns.extend(Conn::new(Stream::Tcp(stream), Origin::Tcp));
+                    }
+                    Ok(_) => {
+                        guest_warn!(
+                            REFUSED,
+                            "API: closed a TCP client: {MAX_TCP_CONNECTIONS} TCP connections are open"
+                        );
                     }
                     Err(e) => accept_failed(&e),
                 }
             }
         }
     }
+}
 
-    fn accept_unix(
-        &self,
-        listener: &UnixListener,
-        owner: u32,
-        cx: &mut Context<'_>,
-    ) -> Option<Waiting> {
-        let stream = match listener.accept() {
-            Ok((stream, _)) => stream,
-            Err(e) => {
-                accept_failed(&e);
-                return None;
-            }
+/// Accepts a client on the Unix socket; another user's is answered 403.
+fn accept_unix(listener: &UnixListener, owner: u32, open: usize) -> Option<Conn> {
+    let stream = match listener.accept() {
+        Ok((stream, _)) => stream,
+        Err(e) => {
+            accept_failed(&e);
+            return None;
+        }
+    };
+    if open >= MAX_UNIX_CONNECTIONS {
+        guest_warn!(
+            REFUSED,
+            "API: closed a client: {MAX_UNIX_CONNECTIONS} connections to the socket are open"
+        );
+        return None;
+    }
+    match getsockopt(&stream, PeerCredentials) {
+        Ok(peer) if peer.uid() == owner || peer.uid() == 0 => {
+            Conn::new(Stream::Unix(stream), Origin::Unix)
+        }
+        Ok(peer) => {
+            guest_warn!(
+                REFUSED,
+                "API: refused a client of uid {} (the socket is owner-only)",
+                peer.uid()
+            );
+            let mut conn = Conn::new(Stream::Unix(stream), Origin::Unix)?;
+            conn.respond(
+                Response::fault(403, "the API serves only its owner"),
+                Instant::now(),
+            );
+            Some(conn)
+        }
+        Err(e) => {
+            accept_failed(&io::Error::from(e));
+            None
+        }
+    }
+}
+
+/// How long a client may take to send its whole request, from the moment
+/// it connected: a client that trickles bytes or sends none is closed then.
+const REQUEST_DEADLINE: Duration = Duration::from_secs(5);
+/// How long a client may take to take its answer.
+const WRITE_DEADLINE: Duration = Duration::from_secs(5);
+/// How long, and how many bytes, a connection is read after its answer
+/// (see [`State::Lingering`]).
+const LINGER: Duration = Duration::from_millis(500);
+const LINGER_BYTES: usize = 1 << 20;
+/// Connections open at once on each listener; past it a new client is
+/// closed at once. Apart, so that TCP clients never hold the owner's.
+const MAX_TCP_CONNECTIONS: usize = 16;
+const MAX_UNIX_CONNECTIONS: usize = 16;
+/// After the VM ends, how long the answers still due may take to go out.
+const FINAL_FLUSH: Duration = Duration::from_secs(5);
+
+/// One client's connection and where it stands. Every state has a time
+/// limit, and every read and write is non-blocking: one client never
+/// holds another.
+struct Conn {
+    stream: Stream,
+    origin: Origin,
+    state: State,
+    /// When the current state ends the connection (a capture's client
+    /// waits for `due` instead).
+    deadline: Instant,
+}
+
+enum State {
+    /// Reading the request; what came so far.
+    Reading(Vec<u8>),
+    /// Waiting for the profile of a capture.
+    Waiting {
+        id: CaptureId,
+        due: Instant,
+        /// Bytes it sent after its request, ignored up to [`LINGER_BYTES`].
+        extra: usize,
+    },
+    /// Writing the answer.
+    Writing { out: Vec<u8>, at: usize },
+    /// Our side closed; reading what the client still sends (a refused
+    /// request's rest): closing with unread input would reset the
+    /// connection, and the client could lose the answer.
+    Lingering { left: usize },
+}
+
+/// What a non-blocking read or write came to.
+enum Io {
+    Done(usize),
+    Later,
+    Closed,
+}
+
+fn io_result(r: io::Result<usize>) -> Io {
+    match r {
+        Ok(0) => Io::Closed,
+        Ok(n) => Io::Done(n),
+        Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock) => Io::Later,
+        Err(e) if matches!(e.kind(), io::ErrorKind::Interrupted) => Io::Done(0),
+        Err(_) => Io::Closed,
+    }
+}
+
+impl Conn {
+    fn new(stream: Stream, origin: Origin) -> Option<Self> {
+        stream.set_nonblocking().ok()?;
+        Some(Conn {
+            stream,
+            origin,
+            state: State::Reading(Vec::new()),
+            deadline: Instant::now() + REQUEST_DEADLINE,
+        })
+    }
+
+    fn interest(&self) -> PollFlags {
+        match self.state {
+            State::Writing { .. } => PollFlags::POLLOUT,
+            _ => PollFlags::POLLIN,
+        }
+    }
+
+    fn wake_at(&self) -> Instant {
+        match self.state {
+            State::Waiting { due, .. } => due,
+            _ => self.deadline,
+        }
+    }
+
+    fn respond(&mut self, response: Response, now: Instant) {
+        self.state = State::Writing {
+            out: response.to_bytes(),
+            at: 0,
         };
-        match getsockopt(&stream, PeerCredentials) {
-            Ok(peer) if peer.uid() == owner || peer.uid() == 0 => {
-                answer(Stream::Unix(stream), Origin::Unix, cx)
+        self.deadline = now + WRITE_DEADLINE;
+    }
+
+    /// Moves on with time; false when the connection is done.
+    fn tick(&mut self, now: Instant, cx: &mut Context<'_>) -> bool {
+        match self.state {
+            State::Waiting { id, due, .. } => {
+                if now >= due {
+                    self.respond(finish_profile(id, cx), now);
+                }
+                true
             }
-            Ok(peer) => {
+            State::Reading(_) if now >= self.deadline => {
                 guest_warn!(
                     REFUSED,
-                    "API: refused a client of uid {} (the socket is owner-only)",
-                    peer.uid()
+                    "API: closed a client that did not send its request within {REQUEST_DEADLINE:?}"
                 );
-                let mut stream = stream;
-                let _ = Response::fault(403, "the API serves only its owner").write(&mut stream);
-                None
+                false
             }
-            Err(e) => {
-                accept_failed(&io::Error::from(e));
-                None
-            }
-        }
-    }
-}
-
-/// A client waiting for the profile of a capture.
-struct Waiting {
-    stream: Stream,
-    id: CaptureId,
-    due: Instant,
-    /// Bytes it sent after its request, ignored up to [`LINGER_BYTES`].
-    extra: usize,
-}
-
-impl Waiting {
-    fn answer(mut self, cx: &Context<'_>) {
-        let response = finish_profile(self.id, cx);
-        if self.stream.set_timeouts(CLIENT_TIMEOUT).is_ok()
-            && response.write(&mut self.stream).is_ok()
-        {
-            linger(&mut self.stream);
+            _ => now < self.deadline,
         }
     }
 
-    /// Reads what made its stream readable: false when the client went
-    /// away (its capture is then dropped); bytes it sends after its
-    /// request are ignored.
-    fn still_there(&mut self, vm: &VmmHandle) -> bool {
-        let mut sink = [0u8; 512];
-        let gone = match self.stream.read(&mut sink) {
-            Ok(0) => true,
-            // A client that keeps sending while it waits is let go: it
-            // would keep the API thread reading.
-            Ok(n) => {
-                self.extra += n;
-                self.extra > LINGER_BYTES
+    /// The VM ended: a capture's client gets its profile, a request not
+    /// yet read is dropped; false when the connection is done.
+    fn finish(&mut self, now: Instant, cx: &Context<'_>) -> bool {
+        match self.state {
+            State::Waiting { id, .. } => {
+                self.respond(finish_profile(id, cx), now);
+                true
             }
-            Err(e) => !matches!(
-                e.kind(),
-                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
-            ),
-        };
-        if gone {
-            vm.recorder().finish_capture(self.id);
+            State::Reading(_) => false,
+            _ => true,
         }
-        !gone
+    }
+
+    /// Moves on with what the stream is ready for; false when the
+    /// connection is done.
+    fn ready(&mut self, now: Instant, cx: &mut Context<'_>) -> bool {
+        match &mut self.state {
+            State::Reading(buf) => {
+                let mut chunk = [0u8; 4096];
+                loop {
+                    match io_result(self.stream.read(&mut chunk)) {
+                        Io::Closed => return false,
+                        Io::Later => return true,
+                        Io::Done(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                    match parse_request(buf) {
+                        Ok(None) => {}
+                        Ok(Some(request)) => {
+                            match route(&request, self.origin, cx) {
+                                Answer::Now(r) => self.respond(r, now),
+                                Answer::Profile { id, due } => {
+                                    self.state = State::Waiting { id, due, extra: 0 };
+                                }
+                            }
+                            return true;
+                        }
+                        Err(e) => {
+                            let Some(status) = e.status() else {
+                                return false;
+                            };
+                            guest_warn!(REFUSED, "API: refused a request: {e}");
+                            self.respond(Response::fault(status, &e.to_string()), now);
+                            return true;
+                        }
+                    }
+                }
+            }
+            State::Waiting { id, extra, .. } => {
+                let mut sink = [0u8; 512];
+                // A client that hangs up takes its capture with it; one
+                // that keeps sending while it waits is let go: it would
+                // keep the API reading.
+                let gone = match io_result(self.stream.read(&mut sink)) {
+                    Io::Closed => true,
+                    Io::Later => false,
+                    Io::Done(n) => {
+                        *extra += n;
+                        *extra > LINGER_BYTES
+                    }
+                };
+                if gone {
+                    cx.vm.recorder().finish_capture(*id);
+                }
+                !gone
+            }
+            State::Writing { out, at } => {
+                while *at < out.len() {
+                    match io_result(self.stream.write(&out[*at..])) {
+                        Io::Closed => return false,
+                        Io::Later => return true,
+                        Io::Done(n) => *at += n,
+                    }
+                }
+                if self.stream.finish_writing().is_err() {
+                    return false;
+                }
+                self.state = State::Lingering { left: LINGER_BYTES };
+                self.deadline = now + LINGER;
+                true
+            }
+            State::Lingering { left } => {
+                let mut sink = [0u8; 4096];
+                loop {
+                    match io_result(self.stream.read(&mut sink)) {
+                        Io::Closed => return false,
+                        Io::Later => return true,
+                        Io::Done(n) => {
+                            *left = left.saturating_sub(n);
+                            if *left == 0 {
+                                return false;
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -333,56 +529,6 @@ fn accept_failed(e: &io::Error) {
     thread::sleep(Duration::from_millis(10));
 }
 
-/// Reads one request from `stream` and answers it, or hands it back to
-/// wait for a capture's end.
-fn answer(mut stream: Stream, origin: Origin, cx: &mut Context<'_>) -> Option<Waiting> {
-    stream.set_timeouts(CLIENT_TIMEOUT).ok()?;
-    let response = match read_request(&mut stream) {
-        Ok(request) => match route(&request, origin, cx) {
-            Answer::Now(r) => r,
-            Answer::Profile { id, due } => {
-                return Some(Waiting {
-                    stream,
-                    id,
-                    due,
-                    extra: 0,
-                });
-            }
-        },
-        Err(e) => {
-            let status = e.status()?;
-            guest_warn!(REFUSED, "API: refused a request: {e}");
-            Response::fault(status, &e.to_string())
-        }
-    };
-    // A client that went away gets nothing; the VM does not notice.
-    if response.write(&mut stream).is_ok() {
-        linger(&mut stream);
-    }
-    None
-}
-
-/// Closes our side, then reads what the client still sends (a refused
-/// request's rest), within bounds: closing with unread input would reset
-/// the connection, and the client could lose the answer.
-fn linger(stream: &mut Stream) {
-    if stream.set_timeouts(LINGER).is_err() || stream.finish_writing().is_err() {
-        return;
-    }
-    let mut sink = [0u8; 4096];
-    let mut left = LINGER_BYTES;
-    while left > 0 {
-        match stream.read(&mut sink) {
-            Ok(0) | Err(_) => return,
-            Ok(n) => left = left.saturating_sub(n),
-        }
-    }
-}
-
-/// How long, and how many bytes, [`linger`] reads at most.
-const LINGER: Duration = Duration::from_millis(500);
-const LINGER_BYTES: usize = 1 << 20;
-
 /// A client's connection, on either listener.
 enum Stream {
     Unix(UnixStream),
@@ -390,15 +536,12 @@ enum Stream {
 }
 
 impl Stream {
-    fn set_timeouts(&self, t: Duration) -> io::Result<()> {
-        match self {
-            Stream::Unix(s) => s
-                .set_read_timeout(Some(t))
-                .and_then(|()| s.set_write_timeout(Some(t))),
-            Stream::Tcp(s) => s
-                .set_read_timeout(Some(t))
-                .and_then(|()| s.set_write_timeout(Some(t))),
-        }
+    /// By fcntl, not the ioctl std uses: the API thread makes no ioctl.
+    fn set_nonblocking(&self) -> io::Result<()> {
+        let fd = self.as_fd();
+        let flags = rustix::fs::fcntl_getfl(fd)?;
+        rustix::fs::fcntl_setfl(fd, flags | rustix::fs::OFlags::NONBLOCK)?;
+        Ok(())
     }
 
     fn finish_writing(&self) -> io::Result<()> {

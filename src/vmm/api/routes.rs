@@ -18,7 +18,7 @@ use crate::profile::objects::Resolver;
 use crate::profile::pprof;
 use crate::profile::sysroot::Sysroot;
 use crate::vmm::error::VmError;
-use crate::vmm::recorder::{CaptureError, CaptureId, EVENT_IDS};
+use crate::vmm::recorder::{CaptureError, CaptureId, CaptureOwner, EVENT_IDS};
 use crate::vmm::vmm::{SnapshotKind, VmmHandle};
 
 /// A pprof request's capture length unless it names one (Go's default).
@@ -35,6 +35,8 @@ pub struct Context<'a> {
     pub sysroot: Option<Arc<Sysroot>>,
     /// The started capture, until `PUT /capture/stop`.
     pub started: Option<CaptureId>,
+    /// Where the request being answered came from.
+    pub origin: Origin,
 }
 
 /// What a request gets.
@@ -145,6 +147,7 @@ const ENDPOINTS: &[Endpoint] = &[
 
 /// The answer to `request` from `origin`.
 pub fn route(request: &Request, origin: Origin, cx: &mut Context<'_>) -> Answer {
+    cx.origin = origin;
     let at_path: Vec<&Endpoint> = ENDPOINTS
         .iter()
         .filter(|e| e.path == request.path)
@@ -449,7 +452,7 @@ fn capture_start(_: &Request, cx: &mut Context<'_>) -> Response {
             "a capture is running already: PUT /capture/stop ends it and returns its profile",
         );
     }
-    match cx.vm.recorder().start_capture() {
+    match cx.vm.recorder().start_capture(CaptureOwner::Owner) {
         Ok(id) => {
             cx.started = Some(id);
             Response::no_content()
@@ -495,7 +498,11 @@ fn pprof_profile(request: &Request, cx: &mut Context<'_>) -> Answer {
         Ok(s) => s,
         Err(why) => return Response::fault(400, &why).into(),
     };
-    match cx.vm.recorder().start_capture() {
+    let owner = match cx.origin {
+        Origin::Unix => CaptureOwner::Owner,
+        Origin::Tcp => CaptureOwner::Tcp,
+    };
+    match cx.vm.recorder().start_capture(owner) {
         Ok(id) => Answer::Profile {
             id,
             due: Instant::now() + Duration::from_secs(seconds),
@@ -586,6 +593,7 @@ mod tests {
             vm,
             sysroot: None,
             started: None,
+            origin: Origin::Unix,
         }
     }
 
