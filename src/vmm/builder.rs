@@ -122,11 +122,13 @@ pub fn build_from_snapshot(config: &RestoreConfig) -> Result<Vmm, VmError> {
     let started = Instant::now();
     // The newest state file says everything but memory; memory is the
     // chain's full snapshot with each diff on top, oldest first.
-    let mut chain = snapshot::chain(&config.dir)?;
-    let (_, snap, state_crc) = chain.remove(0);
-    let base = chain.pop().map(|(dir, base, _)| (dir, base));
+    let (snap, state_crc, mut parents) = snapshot::chain(&config.dir)?;
+    let base = parents.pop();
     let (memory_dir, memory_layout) = match &base {
-        Some((dir, b)) => (dir.clone(), b.memory.clone()),
+        Some(link) => (
+            link.dir.clone(),
+            snapshot::read_link(link, &snap.memory)?.memory,
+        ),
         None => (config.dir.clone(), snap.memory.clone()),
     };
     if let Some(asked) = config.profile
@@ -177,8 +179,10 @@ pub fn build_from_snapshot(config: &RestoreConfig) -> Result<Vmm, VmError> {
         snapshot::verify_memory(&machine.mem, &memory_layout)?;
     }
     if base.is_some() {
-        for (dir, diff, _) in chain.iter().rev() {
-            snapshot::apply_diff(dir, &machine.mem, &diff.memory)?;
+        // Oldest first, one parent's state held at a time.
+        for link in parents.iter().rev() {
+            let diff = snapshot::read_link(link, &snap.memory)?;
+            snapshot::apply_diff(&link.dir, &machine.mem, &diff.memory)?;
         }
         snapshot::apply_diff(&config.dir, &machine.mem, &snap.memory)?;
     }

@@ -4,12 +4,13 @@
 //! checksums, the sizes and the LWP section are checked before anything runs.
 //! docs/snapshot.md describes the format and its version rules.
 
+use std::collections::HashSet;
 use std::fs::File;
-use std::io::{self, BufReader, Read};
-use std::os::unix::fs::FileExt;
+use std::io::{self, Read};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use crc::{CRC_64_ECMA_182, Crc};
+use crc::{CRC_64_XZ, Crc};
 use kvm_bindings::{
     kvm_clock_data, kvm_debugregs, kvm_lapic_state, kvm_mp_state, kvm_regs, kvm_sregs,
     kvm_vcpu_events, kvm_xcrs,
@@ -31,7 +32,10 @@ pub const STATE_FILE: &str = "state.bin";
 pub const MEMORY_FILE: &str = "memory.bin";
 /// The state file's first eight bytes.
 pub const MAGIC: [u8; 8] = *b"LWPVMMST";
-/// The format version this lwpvmm writes: 6 is a machine with lwpvmm's
+/// The format version this lwpvmm writes: 7 checks every file with
+/// CRC-64/XZ (non-zero initial value and final XOR, so runs of zeros of
+/// different lengths have different checksums; 6 used CRC-64/ECMA-182,
+/// under which every run of zeros has checksum 0); 6 is a machine with lwpvmm's
 /// IOAPIC on KVM's split irqchip and no PIC or PIT; 5 made the memory file
 /// sparse (pages of zeros are holes) and restores map it instead of reading it,
 /// checking its CRC-64 only with `restore --verify`; 4 adds the virtio
@@ -39,11 +43,11 @@ pub const MAGIC: [u8; 8] = *b"LWPVMMST";
 /// machine with ACPI tables, a CPUID topology and the ACPI PM registers;
 /// 2 added each vCPU's whole LWP state and named the profile and guest
 /// kind as enums.
-pub const FORMAT_VERSION: u32 = 6;
+pub const FORMAT_VERSION: u32 = 7;
 const HEADER_LEN: usize = 8 + 4 + 4 + 8 + 8;
 /// The largest state payload accepted (it is JSON of a few KiB per vCPU).
 const MAX_PAYLOAD: u64 = 64 << 20;
-const CRC: Crc<u64> = Crc::<u64>::new(&CRC_64_ECMA_182);
+const CRC: Crc<u64> = Crc::<u64>::new(&CRC_64_XZ);
 
 /// Why a snapshot cannot be written or read.
 #[derive(Debug, Error)]
@@ -62,7 +66,7 @@ pub enum SnapshotError {
     /// A format version this lwpvmm does not read.
     #[error(
         "snapshot format version {found} is not supported: this lwpvmm reads version {FORMAT_VERSION}{}",
-        if *.found < FORMAT_VERSION { " (restore it with the lwpvmm that wrote it)" } else { "" }
+        if *.found < FORMAT_VERSION { " (restore it with the lwpvmm that wrote it; versions before 7 use another checksum)" } else { "" }
     )]
     Version {
         /// The file's version.
@@ -104,6 +108,12 @@ pub enum SnapshotError {
         /// Why.
         source: kvm_ioctls::Error,
     },
+    /// A snapshot file is not a regular file.
+    #[error("{0}: not a regular file (a snapshot's files are regular files)")]
+    NotRegular(PathBuf),
+    /// A diff snapshot's chain of parents comes back to itself.
+    #[error("the chain of diff snapshots loops: {0} is its own ancestor")]
+    Loop(PathBuf),
     /// The LWP section of a vCPU is invalid.
     #[error("vCPU {vcpu}: invalid LWP section: {reason}")]
     Lwp {
@@ -289,7 +299,13 @@ pub fn decode(bytes: &[u8], path: &Path) -> Result<VmSnapshot, SnapshotError> {
     if len > MAX_PAYLOAD || payload.len() as u64 != len {
         return Err(SnapshotError::Length);
     }
-    let found = CRC.checksum(payload);
+    // A fuzzer cannot forge checksums: under it the check is skipped, so
+    // that its inputs reach the payload's own checks.
+    let found = if cfg!(fuzzing) {
+        expected
+    } else {
+        CRC.checksum(payload)
+    };
     if found != expected {
         return Err(SnapshotError::Checksum { found, expected });
     }
@@ -318,51 +334,131 @@ pub fn read_state(dir: &Path) -> Result<VmSnapshot, SnapshotError> {
     read_state_crc(dir).map(|(s, _)| s)
 }
 
-/// As [`read_state`], with the payload's CRC-64.
-pub fn read_state_crc(dir: &Path) -> Result<(VmSnapshot, u64), SnapshotError> {
-    let path = dir.join(STATE_FILE);
-    let file = File::open(&path).map_err(io_err(&path))?;
-    let len = file.metadata().map_err(io_err(&path))?.len();
-    if len > MAX_PAYLOAD + HEADER_LEN as u64 {
-        return Err(SnapshotError::Length);
+/// Opens a snapshot file for reading: without blocking (a FIFO opens at
+/// once), and only when it is a regular file, checked on what was opened.
+fn open_regular(path: &Path) -> Result<File, SnapshotError> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(io_err(path))?;
+    if !file.metadata().map_err(io_err(path))?.is_file() {
+        return Err(SnapshotError::NotRegular(path.to_owned()));
     }
-    let mut bytes = Vec::with_capacity(len as usize);
-    BufReader::new(file)
-        .read_to_end(&mut bytes)
-        .map_err(io_err(&path))?;
-    let snapshot = decode(&bytes, &path)?;
-    Ok((snapshot, payload_crc(&bytes)))
+    Ok(file)
 }
 
-/// The snapshots a restore of `dir` reads memory from, newest first: `dir`
-/// itself, then each diff's parent down to a full snapshot. Each parent's
-/// state must have the CRC-64 its child recorded and the same layout.
-pub fn chain(dir: &Path) -> Result<Vec<(PathBuf, VmSnapshot, u64)>, SnapshotError> {
-    let (first, crc) = read_state_crc(dir)?;
-    let mut chain = vec![(dir.to_owned(), first, crc)];
-    while let Some(parent) = chain.last().and_then(|(_, s, _)| s.memory.parent.clone()) {
-        if chain.len() > MAX_CHAIN {
+/// As [`read_state`], with the payload's CRC-64.
+pub fn read_state_crc(dir: &Path) -> Result<(VmSnapshot, u64), SnapshotError> {
+    read_state_file(dir).map(|(s, crc, _)| (s, crc))
+}
+
+/// Reads a state file: the header, then exactly the payload length it
+/// states (at most 64 MiB), never more. Returns the state, its payload's
+/// CRC-64 and the file's identity (device, inode).
+fn read_state_file(dir: &Path) -> Result<(VmSnapshot, u64, (u64, u64)), SnapshotError> {
+    let path = dir.join(STATE_FILE);
+    let file = open_regular(&path)?;
+    let meta = file.metadata().map_err(io_err(&path))?;
+    let identity = (meta.dev(), meta.ino());
+    if meta.len() > MAX_PAYLOAD + HEADER_LEN as u64 {
+        return Err(SnapshotError::Length);
+    }
+    let mut bytes = vec![0u8; HEADER_LEN];
+    let mut reader = file.take(MAX_PAYLOAD + HEADER_LEN as u64);
+    match reader.read_exact(&mut bytes) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+            return Err(SnapshotError::BadMagic(path));
+        }
+        Err(e) => return Err(io_err(&path)(e)),
+    }
+    let mut len = [0u8; 8];
+    len.copy_from_slice(&bytes[16..24]);
+    let len = u64::from_le_bytes(len);
+    if bytes[..8] == MAGIC && len <= MAX_PAYLOAD {
+        // One byte more than stated, so that a longer file shows.
+        reader
+            .take(len + 1)
+            .read_to_end(&mut bytes)
+            .map_err(io_err(&path))?;
+    }
+    let snapshot = decode(&bytes, &path)?;
+    Ok((snapshot, payload_crc(&bytes), identity))
+}
+
+/// A parent in a chain of diff snapshots: its directory and its state's
+/// CRC-64 (checked again when it is read again).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Link {
+    /// Its directory.
+    pub dir: PathBuf,
+    /// Its state payload's CRC-64, as its child recorded it.
+    pub state_crc: u64,
+}
+
+/// The snapshot a restore of `dir` resumes (its state and payload CRC-64)
+/// and the parents it reads memory from, newest first, down to a full
+/// snapshot. Each parent's state must have the CRC-64 its child recorded
+/// and the same layout; a chain that loops (by the state files' device
+/// and inode) or is longer than [`MAX_CHAIN`] is refused. Only one
+/// parent's state is held at a time: [`read_link`] reads it again.
+pub fn chain(dir: &Path) -> Result<(VmSnapshot, u64, Vec<Link>), SnapshotError> {
+    let (first, crc, identity) = read_state_file(dir)?;
+    let mut seen = HashSet::from([identity]);
+    let mut links: Vec<Link> = Vec::new();
+    let mut next = first.memory.parent.clone();
+    while let Some(parent) = next.take() {
+        if links.len() >= MAX_CHAIN {
             return Err(SnapshotError::Mismatch(format!(
                 "the chain of diff snapshots is longer than {MAX_CHAIN}"
             )));
         }
-        let (state, crc) = read_state_crc(&parent.dir)?;
-        if crc != parent.state_crc {
-            return Err(SnapshotError::Mismatch(format!(
-                "the parent snapshot {} was replaced since its diff was taken (its state's CRC-64 is {crc:#018x}, the diff recorded {:#018x})",
-                parent.dir.display(),
-                parent.state_crc
-            )));
+        let (state, found, identity) = read_state_file(&parent.dir)?;
+        if !seen.insert(identity) {
+            return Err(SnapshotError::Loop(parent.dir));
         }
-        if state.memory.regions != chain[0].1.memory.regions {
-            return Err(SnapshotError::Mismatch(format!(
-                "the parent snapshot {} has another memory layout",
-                parent.dir.display()
-            )));
-        }
-        chain.push((parent.dir, state, crc));
+        check_link(&parent, found, &state, &first.memory)?;
+        next = state.memory.parent;
+        links.push(Link {
+            dir: parent.dir,
+            state_crc: found,
+        });
     }
-    Ok(chain)
+    Ok((first, crc, links))
+}
+
+/// Reads a parent of a chain again: it must still be what [`chain`] found.
+pub fn read_link(link: &Link, newest: &MemoryLayout) -> Result<VmSnapshot, SnapshotError> {
+    let (state, found) = read_state_crc(&link.dir)?;
+    let parent = ParentRef {
+        dir: link.dir.clone(),
+        state_crc: link.state_crc,
+    };
+    check_link(&parent, found, &state, newest)?;
+    Ok(state)
+}
+
+fn check_link(
+    parent: &ParentRef,
+    found: u64,
+    state: &VmSnapshot,
+    newest: &MemoryLayout,
+) -> Result<(), SnapshotError> {
+    if found != parent.state_crc {
+        return Err(SnapshotError::Mismatch(format!(
+            "the parent snapshot {} was replaced since its diff was taken (its state's CRC-64 is {found:#018x}, the diff recorded {:#018x})",
+            parent.dir.display(),
+            parent.state_crc
+        )));
+    }
+    if state.memory.regions != newest.regions {
+        return Err(SnapshotError::Mismatch(format!(
+            "the parent snapshot {} has another memory layout",
+            parent.dir.display()
+        )));
+    }
+    Ok(())
 }
 
 /// The RAM layout of `mem`.
@@ -478,32 +574,55 @@ pub fn write_diff_memory(
     })
 }
 
+/// Checks a diff's page list against its layout: ranges in order, none
+/// empty, none overlapping, all inside the memory file; so the pages it
+/// lists are at most the guest's. Returns how many it lists.
+fn check_pages(recorded: &MemoryLayout) -> Result<u64, SnapshotError> {
+    let total: u64 = recorded.regions.iter().map(|r| r.1).sum::<u64>() / PAGE as u64;
+    let mut end = 0u64;
+    let mut pages = 0u64;
+    for &(first, count) in &recorded.pages {
+        let last = first.checked_add(count).filter(|&l| l <= total);
+        match last {
+            Some(last) if count > 0 && first >= end => {
+                end = last;
+                pages += count;
+            }
+            _ => {
+                return Err(SnapshotError::Memory(format!(
+                    "the diff's page list is out of order, overlaps or passes the guest's {total} pages at ({first}, {count})"
+                )));
+            }
+        }
+    }
+    Ok(pages)
+}
+
 /// Copies a diff's pages from its memory file into `mem` (mapped from the
-/// chain's full snapshot), checking their CRC-64: a diff is small, so it is
-/// always checked.
+/// chain's full snapshot). The page list is checked first, then the pages'
+/// CRC-64 (a diff is small, so it is always checked), and only then is
+/// anything copied: a bad diff costs at most two reads of the guest's
+/// size and changes nothing.
 pub fn apply_diff(
     dir: &Path,
     mem: &GuestMemory,
     recorded: &MemoryLayout,
 ) -> Result<(), SnapshotError> {
+    check_pages(recorded)?;
     let file = open_memory(dir, recorded)?;
     let path = dir.join(MEMORY_FILE);
-    let mut digest = CRC.digest();
     let mut page = vec![0u8; PAGE];
-    for &(first, count) in &recorded.pages {
-        for p in first..first.saturating_add(count) {
-            let offset = p
-                .checked_mul(PAGE as u64)
-                .ok_or_else(|| SnapshotError::Memory("a diff page past the file".into()))?;
-            file.read_exact_at(&mut page, offset)
-                .map_err(io_err(&path))?;
-            digest.update(&page);
-            let gpa = file_offset_to_gpa(&recorded.regions, offset).ok_or_else(|| {
-                SnapshotError::Memory(format!("diff page {p} lies outside the layout"))
-            })?;
-            mem.write_slice(&page, GuestAddress(gpa))
-                .map_err(|e| SnapshotError::Memory(e.to_string()))?;
-        }
+    let pages = || {
+        recorded
+            .pages
+            .iter()
+            .flat_map(|&(first, count)| first..first + count)
+    };
+    let mut digest = CRC.digest();
+    for p in pages() {
+        file.read_exact_at(&mut page, p * PAGE as u64)
+            .map_err(io_err(&path))?;
+        digest.update(&page);
     }
     let found = digest.finalize();
     if found != recorded.crc64 {
@@ -512,6 +631,16 @@ pub fn apply_diff(
             path.display(),
             recorded.crc64
         )));
+    }
+    for p in pages() {
+        let offset = p * PAGE as u64;
+        file.read_exact_at(&mut page, offset)
+            .map_err(io_err(&path))?;
+        let gpa = file_offset_to_gpa(&recorded.regions, offset).ok_or_else(|| {
+            SnapshotError::Memory(format!("diff page {p} lies outside the layout"))
+        })?;
+        mem.write_slice(&page, GuestAddress(gpa))
+            .map_err(|e| SnapshotError::Memory(e.to_string()))?;
     }
     Ok(())
 }
@@ -533,7 +662,7 @@ fn file_offset_to_gpa(regions: &[(u64, u64)], offset: u64) -> Option<u64> {
 /// (which would be SIGBUS when touched).
 pub fn open_memory(dir: &Path, recorded: &MemoryLayout) -> Result<File, SnapshotError> {
     let path = dir.join(MEMORY_FILE);
-    let file = File::open(&path).map_err(io_err(&path))?;
+    let file = open_regular(&path)?;
     let total: u64 = recorded.regions.iter().map(|r| r.1).sum();
     let len = file.metadata().map_err(io_err(&path))?.len();
     if len != total {
@@ -757,5 +886,164 @@ mod tests {
             Err(SnapshotError::Memory(m)) if m.contains("CRC-64")
         ));
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// A diff whose page list repeats, overlaps, runs backwards or past
+    /// the guest is refused before a page is read; one whose pages fail
+    /// their CRC-64 changes nothing.
+    #[test]
+    fn a_bad_page_list_or_checksum_copies_nothing() {
+        let dir = std::env::temp_dir().join(format!("lwpvmm-diff-list-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ranges = [(GuestAddress(0), 1 << 20)];
+        let mem = GuestMemory::from_ranges(&ranges).unwrap();
+        mem.write_obj(0x77_u64, GuestAddress(0x3000)).unwrap();
+        let written = write_diff_memory(&dir, &mem, &[vec![0b1000]]).unwrap();
+        let layout = |pages: Vec<(u64, u64)>, crc64| MemoryLayout {
+            regions: ranges.iter().map(|&(a, n)| (a.0, n as u64)).collect(),
+            crc64,
+            pages,
+            ..MemoryLayout::default()
+        };
+        // (page list, accepted)
+        let table: Vec<(Vec<(u64, u64)>, bool)> = vec![
+            (vec![(3, 1)], true),
+            (vec![(3, 1); 2000], false),
+            (vec![(3, 2), (4, 1)], false),
+            (vec![(5, 1), (3, 1)], false),
+            (vec![(3, 0)], false),
+            (vec![(255, 2)], false),
+            (vec![(u64::MAX, 2)], false),
+            (vec![(0, 256)], true),
+        ];
+        for (pages, accepted) in table {
+            assert_eq!(
+                check_pages(&layout(pages.clone(), 0)).is_ok(),
+                accepted,
+                "{pages:?}"
+            );
+        }
+        // Repeats refused before anything is read or copied.
+        let target = GuestMemory::from_ranges(&ranges).unwrap();
+        let repeated = layout(vec![(3, 1); 2000], written.crc64);
+        assert!(matches!(
+            apply_diff(&dir, &target, &repeated),
+            Err(SnapshotError::Memory(m)) if m.contains("page list")
+        ));
+        // A wrong checksum: nothing copied.
+        let wrong = layout(written.pages.clone(), written.crc64 ^ 1);
+        assert!(apply_diff(&dir, &target, &wrong).is_err());
+        assert_eq!(target.read_obj::<u64>(GuestAddress(0x3000)).unwrap(), 0);
+        apply_diff(&dir, &target, &layout(written.pages, written.crc64)).unwrap();
+        assert_eq!(target.read_obj::<u64>(GuestAddress(0x3000)).unwrap(), 0x77);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// State and memory files that are FIFOs or devices are refused at
+    /// once, never read (a FIFO would hang the restore, /dev/zero never
+    /// end); a state file longer than its header says is refused after
+    /// reading only what it states.
+    #[test]
+    fn snapshot_files_must_be_regular() {
+        use rustix::fs::{FileType, Mode, mknodat};
+        let root = std::env::temp_dir().join(format!("lwpvmm-snap-files-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        // (directory, how its state.bin is made)
+        type Make = fn(&Path);
+        let table: [(&str, Make, &str); 4] = [
+            (
+                "fifo",
+                |p| {
+                    mknodat(
+                        rustix::fs::CWD,
+                        p,
+                        FileType::Fifo,
+                        Mode::from_raw_mode(0o600),
+                        0,
+                    )
+                    .unwrap()
+                },
+                "NotRegular",
+            ),
+            (
+                "zero",
+                |p| std::os::unix::fs::symlink("/dev/zero", p).unwrap(),
+                "NotRegular",
+            ),
+            ("dir", |p| std::fs::create_dir(p).unwrap(), "NotRegular"),
+            (
+                "long",
+                |p| {
+                    let mut bytes = encode(&sample()).unwrap();
+                    bytes.extend_from_slice(&[0; 100]);
+                    std::fs::write(p, bytes).unwrap();
+                },
+                "Length",
+            ),
+        ];
+        for (name, make, variant) in table {
+            let dir = root.join(name);
+            std::fs::create_dir_all(&dir).unwrap();
+            make(&dir.join(STATE_FILE));
+            let err = read_state(&dir).unwrap_err();
+            assert!(format!("{err:?}").starts_with(variant), "{name}: {err:?}");
+        }
+        let dir = root.join("fifo");
+        mknodat(
+            rustix::fs::CWD,
+            dir.join(MEMORY_FILE),
+            FileType::Fifo,
+            Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        assert!(matches!(
+            open_memory(&dir, &sample().memory),
+            Err(SnapshotError::NotRegular(_))
+        ));
+        std::fs::remove_dir_all(root).unwrap();
+    }
+
+    /// A diff that names itself (or an ancestor) as its parent is refused
+    /// as a loop, read once per link.
+    #[test]
+    fn a_chain_that_loops_is_refused() {
+        let root = std::env::temp_dir().join(format!("lwpvmm-snap-loop-{}", std::process::id()));
+        let (a, b) = (root.join("a"), root.join("b"));
+        std::fs::create_dir_all(&a).unwrap();
+        std::fs::create_dir_all(&b).unwrap();
+        let with_parent = |parent: &Path, state_crc| {
+            let mut s = sample();
+            s.memory.parent = Some(ParentRef {
+                dir: parent.to_owned(),
+                state_crc,
+            });
+            s
+        };
+        // a names itself: the loop shows whatever CRC it recorded.
+        write_state(&a, &with_parent(&a, 0)).unwrap();
+        assert!(matches!(chain(&a), Err(SnapshotError::Loop(_))));
+        // a -> b -> a, each with the CRC the other really has: b's is
+        // written first against a's old state, then a points at b.
+        let (_, crc_a) = write_state(&a, &with_parent(&b, 0)).unwrap();
+        let (_, crc_b) = write_state(&b, &with_parent(&a, crc_a)).unwrap();
+        // Rewriting a changes its CRC, so b's record of it no longer holds:
+        // refused either as a replaced parent or as a loop, never looped.
+        write_state(&a, &with_parent(&b, crc_b)).unwrap();
+        assert!(chain(&a).is_err());
+        std::fs::remove_dir_all(root).unwrap();
+    }
+
+    /// CRC-64/XZ tells runs of zeros of different lengths apart (format 6's
+    /// CRC-64/ECMA-182 gave every one of them 0).
+    #[test]
+    fn runs_of_zeros_have_distinct_checksums() {
+        let sums: Vec<u64> = [0usize, 1, 4096, 8192, 1 << 20]
+            .iter()
+            .map(|&n| CRC.checksum(&vec![0; n]))
+            .collect();
+        let distinct: HashSet<u64> = sums.iter().copied().collect();
+        assert_eq!(distinct.len(), sums.len(), "{sums:x?}");
+        assert!(!sums[1..].contains(&0), "{sums:x?}");
     }
 }
