@@ -6,7 +6,10 @@
  * DEVICE_NEEDS_RESET) and that memory it must not write is untouched; then
  * it resets the device and a well-formed request works again. With a second
  * device (a network device) it brings that up with no receive buffers and
- * spins `spin` TSC cycles while the host floods the tap. */
+ * spins `spin` TSC cycles while the host floods the tap. With `storm=1` it
+ * does none of that: it lists one maximal read (32.5 MB) in every slot of a
+ * 256-entry ring and posts the ring again whenever the device is through,
+ * until the host stops it (the devices benchmark pauses it meanwhile). */
 #include "lib.h"
 
 #define MMIO 0xd0000000ull
@@ -20,6 +23,10 @@
 #define DATA 0x604000ull
 #define STATUS 0x606000ull
 #define NET_DESC 0x610000ull
+/* The storm's data buffer: one 128 KiB segment every data descriptor of
+ * its chain points at. */
+#define STORM_DATA 0x1000000ull
+#define STORM_QSIZE 256
 
 struct desc { u64 addr; u32 len; u16 flags, next; };
 #define F_NEXT 1
@@ -30,7 +37,7 @@ static volatile u16 *const avail = (volatile u16 *)AVAIL;
 static volatile u16 *const used = (volatile u16 *)USED;
 static u16 avail_idx;
 
-static void bring_up(u32 dev, u64 base, u32 queues)
+static void bring_up_sized(u32 dev, u64 base, u32 queues, u32 qsize)
 {
     R(dev, 0x70) = 0;
     R(dev, 0x70) = 1;
@@ -44,7 +51,7 @@ static void bring_up(u32 dev, u64 base, u32 queues)
         u64 at = base + q * 0x4000ull;
         memset((void *)at, 0, 0x3000);
         R(dev, 0x30) = q;
-        R(dev, 0x38) = QSIZE;
+        R(dev, 0x38) = qsize;
         R(dev, 0x80) = (u32)at;
         R(dev, 0x84) = 0;
         R(dev, 0x90) = (u32)(at + 0x1000);
@@ -54,6 +61,11 @@ static void bring_up(u32 dev, u64 base, u32 queues)
         R(dev, 0x44) = 1;
     }
     R(dev, 0x70) = 0xf;
+}
+
+static void bring_up(u32 dev, u64 base, u32 queues)
+{
+    bring_up_sized(dev, base, queues, QSIZE);
 }
 
 static void set(int i, u64 addr, u32 len, u16 flags, u16 next)
@@ -91,9 +103,36 @@ static void header(u32 type, u64 sector)
     *(volatile u8 *)STATUS = 0xee;
 }
 
+/* The storm: every ring slot names the same maximal read, posted again as
+ * soon as the device used them all. Never returns. */
+static void storm(void)
+{
+    bring_up_sized(0, DESC, 1, STORM_QSIZE);
+    header(0, 0);
+    set(0, HDR, 16, F_NEXT, 1);
+    for (int i = 1; i < STORM_QSIZE - 1; i++)
+        set(i, STORM_DATA, 128 << 10, F_NEXT | F_WRITE, i + 1);
+    set(STORM_QSIZE - 1, STATUS, 1, F_WRITE, 0);
+    puts("# storm\n");
+    for (;;) {
+        u16 target = avail_idx + STORM_QSIZE;
+        for (int i = 0; i < STORM_QSIZE; i++)
+            avail[2 + i] = 0;
+        __asm__ volatile("" ::: "memory");
+        avail_idx = target;
+        avail[1] = avail_idx;
+        R(0, 0x50) = 0;
+        while (used[1] != target)
+            ;
+    }
+}
+
 int main(void)
 {
     u64 spin = cmdline_number("spin", 0);
+
+    if (cmdline_number("storm", 0))
+        storm();
 
     check_eq(R(0, 0), 0x74726976, "device 0: virtio-mmio magic");
     check_eq(R(0, 8), 2, "device 0: a block device");

@@ -27,7 +27,7 @@ use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::{DescriptorChain, Queue, QueueT};
 
-use super::mmio::{CHAINS_PER_CALL, Progress, VirtioDevice, read_space};
+use super::mmio::{CHAINS_PER_CALL, Halt, Progress, VirtioDevice, read_space};
 use super::{DeviceError, DeviceSpec};
 use crate::guard::GuestMemory;
 use crate::vmm::metrics::VcpuMetrics;
@@ -83,6 +83,7 @@ pub struct Block {
     id: [u8; ID_BYTES],
     metrics: Arc<VcpuMetrics>,
     buf: Vec<u8>,
+    halt: Halt,
 }
 
 /// One request's outcome: its status and how many bytes it wrote into the
@@ -117,6 +118,7 @@ impl Block {
             id,
             metrics,
             buf: vec![0; CHUNK],
+            halt: Halt::default(),
         }
     }
 
@@ -301,7 +303,9 @@ impl VirtioDevice for Block {
                 };
                 queue.add_used(mem, head, written)?;
                 used = true;
-                if total >= CHAINS_PER_CALL {
+                // At its limit, or asked to pause: the rest after the
+                // other events (or the pause).
+                if total >= CHAINS_PER_CALL || self.halt.requested() {
                     return Ok(Progress {
                         interrupt: queue.needs_notification(mem)?,
                         host_input: None,
@@ -326,6 +330,10 @@ impl VirtioDevice for Block {
 
     fn host_input(&mut self, _: &mut [Queue], _: &GuestMemory) -> Result<Progress, DeviceError> {
         Ok(Progress::default())
+    }
+
+    fn set_halt(&mut self, halt: Halt) {
+        self.halt = halt;
     }
 
     fn host_fd(&self) -> Option<RawFd> {
@@ -461,6 +469,33 @@ mod tests {
                 .notified(0, std::slice::from_mut(&mut self.queue), &self.mem)
                 .unwrap();
             self.mem.read_obj(GuestAddress(STATUS)).unwrap()
+        }
+    }
+
+    /// A pause asked for during a storm of requests waits for the request
+    /// at hand only: the drain stops after it and says to come back.
+    #[test]
+    fn a_halt_stops_the_drain_after_the_request_at_hand() {
+        let mut r = rig(false);
+        let mut header = [0u8; HEADER];
+        header[..4].copy_from_slice(&VIRTIO_BLK_T_IN.to_le_bytes());
+        r.mem.write_slice(&header, GuestAddress(HDR)).unwrap();
+        let chains: Vec<RawDescriptor> = (0..4u16)
+            .flat_map(|i| chain(i * 3, Some((4096, true))))
+            .collect();
+        r.vq.add_desc_chains(&chains, 0).unwrap();
+        let halt = Halt::default();
+        r.block.set_halt(halt.clone());
+        let used = |r: &Rig| -> u16 { r.mem.read_obj(r.used_ring.unchecked_add(2)).unwrap() };
+        // (halted, requests used afterwards, come back)
+        let table = [(true, 1, true), (true, 2, true), (false, 4, false)];
+        for (halted, want, again) in table {
+            halt.set(halted);
+            let progress = r
+                .block
+                .notified(0, std::slice::from_mut(&mut r.queue), &r.mem)
+                .unwrap();
+            assert_eq!((used(&r), progress.again), (want, again), "halted {halted}");
         }
     }
 

@@ -6,6 +6,9 @@
 //! notifications (ioeventfds) under the same lock, so a register write never
 //! races a request.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use serde::{Deserialize, Serialize};
 use virtio_bindings::virtio_config::{
     VIRTIO_CONFIG_S_ACKNOWLEDGE, VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK,
@@ -71,6 +74,26 @@ pub struct Progress {
 /// Most chains a device takes from one queue in one call.
 pub const CHAINS_PER_CALL: usize = 1024;
 
+/// The control thread's request that the device thread stop between two
+/// requests (a pause waits for the request at hand, not for a ring full of
+/// them). Devices check it after each request and, when it is set, return
+/// with `again` (or, for input, keep the host descriptor polled) so that
+/// what is left is taken up after the pause.
+#[derive(Debug, Clone, Default)]
+pub struct Halt(Arc<AtomicBool>);
+
+impl Halt {
+    /// Whether the device thread should stop at the next request.
+    pub fn requested(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+
+    /// Asks for it, or lifts it.
+    pub fn set(&self, on: bool) {
+        self.0.store(on, Ordering::Release);
+    }
+}
+
 /// A virtio device behind the transport: its identity, features,
 /// configuration space and request paths.
 pub trait VirtioDevice: Send {
@@ -95,6 +118,8 @@ pub trait VirtioDevice: Send {
         queues: &mut [Queue],
         mem: &GuestMemory,
     ) -> Result<Progress, DeviceError>;
+    /// Takes the flag its request paths check between requests.
+    fn set_halt(&mut self, halt: Halt);
     /// The host descriptor the device thread polls, if any.
     fn host_fd(&self) -> Option<std::os::unix::io::RawFd>;
     /// What the device was built from, for snapshots.
@@ -494,6 +519,11 @@ impl MmioTransport {
         }
     }
 
+    /// Hands the device the device thread's halt flag.
+    pub fn set_halt(&mut self, halt: Halt) {
+        self.device.set_halt(halt);
+    }
+
     /// The guest notified queue `index` (the device thread calls this).
     pub fn notified(&mut self, index: usize, mem: &GuestMemory) -> Result<Progress, DeviceError> {
         if !self.activated() || index >= self.queues.len() {
@@ -552,6 +582,7 @@ mod tests {
                 again: false,
             })
         }
+        fn set_halt(&mut self, _: Halt) {}
         fn host_input(
             &mut self,
             _: &mut [Queue],

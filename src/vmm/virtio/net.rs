@@ -21,7 +21,7 @@ use virtio_bindings::virtio_net::VIRTIO_NET_F_MAC;
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 
-use super::mmio::{CHAINS_PER_CALL, Progress, VirtioDevice, read_space};
+use super::mmio::{CHAINS_PER_CALL, Halt, Progress, VirtioDevice, read_space};
 use super::{DeviceError, DeviceSpec};
 use crate::guard::GuestMemory;
 use crate::vmm::metrics::VcpuMetrics;
@@ -75,6 +75,7 @@ pub struct Net {
     mac: [u8; 6],
     metrics: Arc<VcpuMetrics>,
     frame: Vec<u8>,
+    halt: Halt,
 }
 
 impl Net {
@@ -86,6 +87,7 @@ impl Net {
             mac,
             metrics,
             frame: vec![0; NET_HDR + MAX_FRAME],
+            halt: Halt::default(),
         }
     }
 
@@ -125,7 +127,9 @@ impl Net {
                 }
                 queue.add_used(mem, head, 0)?;
                 used = true;
-                if total >= CHAINS_PER_CALL {
+                // At the limit, or asked to pause: the rest after the
+                // other events (or the pause).
+                if total >= CHAINS_PER_CALL || self.halt.requested() {
                     return Ok((used, true));
                 }
             }
@@ -200,8 +204,12 @@ impl Net {
             }
             queue.add_used(mem, head, written as u32)?;
             used = true;
+            if self.halt.requested() {
+                break;
+            }
         }
-        // The limit: the tap stays polled, so the thread comes back.
+        // The limit or a pause: the tap stays polled, so the thread comes
+        // back.
         Ok(Progress {
             interrupt: used && queue.needs_notification(mem)?,
             host_input: Some(true),
@@ -261,6 +269,10 @@ impl VirtioDevice for Net {
 
     fn host_fd(&self) -> Option<RawFd> {
         Some(self.tap.fd())
+    }
+
+    fn set_halt(&mut self, halt: Halt) {
+        self.halt = halt;
     }
 
     fn spec(&self) -> DeviceSpec {

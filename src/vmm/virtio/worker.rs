@@ -15,7 +15,7 @@ use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use super::VirtioBus;
-use super::mmio::{MmioTransport, Progress};
+use super::mmio::{Halt, MmioTransport, Progress};
 use crate::guard::GuestMemory;
 use crate::guest_warn;
 use crate::vmm::error::VmError;
@@ -25,7 +25,7 @@ use crate::vmm::seccomp::{self, SeccompMode, ThreadKind};
 /// What the control thread asks of the device thread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeviceEvent {
-    /// Finish the event at hand and wait for `Resume` or `Finish`.
+    /// Finish the request at hand and wait for `Resume` or `Finish`.
     Pause,
     /// Carry on.
     Resume,
@@ -64,6 +64,7 @@ struct Loop {
     events: Receiver<DeviceEvent>,
     replies: Sender<DeviceEvent>,
     stop: bool,
+    halt: Halt,
 }
 
 impl Loop {
@@ -158,6 +159,14 @@ impl MutEventSubscriber for Loop {
             self.control();
             return;
         }
+        // A pause asked for while a batch of events was being handled
+        // goes first: the event is handled after it.
+        if self.halt.requested() {
+            self.control();
+            if self.stop {
+                return;
+            }
+        }
         if data & TAP != 0 {
             let slot = (data & 0xffff) as usize;
             self.run_device(slot, None, ops, |t, mem| t.host_input(mem));
@@ -193,6 +202,7 @@ pub struct DeviceThread {
     events: Sender<DeviceEvent>,
     replies: Receiver<DeviceEvent>,
     wake: EventFd,
+    halt: Halt,
     join: Option<JoinHandle<()>>,
 }
 
@@ -212,8 +222,12 @@ impl DeviceThread {
             source,
         };
         let wake = EventFd::new(EFD_NONBLOCK).map_err(err)?;
+        let halt = Halt::default();
         let mut devices = Vec::new();
         for s in bus.slots() {
+            if let Ok(mut t) = s.transport.lock() {
+                t.set_halt(halt.clone());
+            }
             let notify = s
                 .notify
                 .iter()
@@ -238,6 +252,7 @@ impl DeviceThread {
             events: their_events,
             replies: their_replies,
             stop: false,
+            halt: halt.clone(),
         };
         let join = thread::Builder::new()
             .name("lwpvmm-devices".into())
@@ -247,11 +262,15 @@ impl DeviceThread {
             events,
             replies,
             wake,
+            halt,
             join: Some(join),
         }))
     }
 
     fn ask(&self, event: DeviceEvent) -> bool {
+        // A pause or a stop cuts a device's drain short after the request
+        // at hand; a resume lets the next drain run whole.
+        self.halt.set(event != DeviceEvent::Resume);
         self.events.send(event).is_ok() && self.wake.write(1).is_ok()
     }
 
