@@ -38,7 +38,8 @@ static u64 save_from_conforming(u64 area)
                      "2: mov %%rdx, %[status]\n"
                      : [status] "=r"(status)
                      : [cs] "i"(CONFORMING_CPL3), "D"(area)
-                     : "rax", "rdx", "memory");
+                     /* A state call writes RDX, RCX and R8 (docs/pv-abi.md). */
+                     : "rax", "rcx", "rdx", "r8", "memory");
     return status;
 }
 

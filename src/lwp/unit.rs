@@ -267,8 +267,9 @@ impl LwpUnit {
         self.flush(mem);
     }
 
-    /// S1: a store an LWP instruction makes to a present user page that is
-    /// not writable raises #PF at the instruction before anything changes,
+    /// S1: a store an LWP instruction makes to a present page it may not
+    /// write (read-only, supervisor, or denied by a protection key) raises
+    /// #PF at the instruction before anything changes,
     /// so that the OS can resolve it (copy-on-write after fork) and the
     /// instruction restarts. Other faults keep the best-effort rules (L6,
     /// R6).
@@ -1122,13 +1123,19 @@ mod tests {
             ("SLWPCB", CB, 0, slwpcb, wp(CB), CB, 32),
             ("LLWPCB 0", CB, 0, off, wp(CB), 0, 32),
         ];
-        for (what, page, counter, op, fault, then, head) in table {
+        // S1 covers every present page a CPL3 store may not write: one
+        // made read-only (copy-on-write) and a supervisor page alike.
+        let rows = [PagePerm::ReadOnly, PagePerm::Supervisor]
+            .into_iter()
+            .flat_map(|perm| table.map(|row| (perm, row)));
+        for (perm, (what, page, counter, op, fault, then, head)) in rows {
+            let what = format!("{what} ({perm:?} page)");
             let mut r = rig(LwpProfile::Emulated, 0x2000_0003, 4096);
             r.set_event(1, 0, counter);
             r.load();
             r.ins(1);
             let missed = r.unit.block().unwrap().missed_events;
-            r.mem.map(page, PAGE, PagePerm::ReadOnly);
+            r.mem.map(page, PAGE, perm);
             assert_eq!(op(&mut r), fault, "{what}");
             assert_eq!(r.head(), 32, "{what}: nothing stored");
             assert_eq!(r.unit.block().unwrap().missed_events, missed, "{what}");

@@ -456,12 +456,24 @@ mod tests {
             }
             r.vcpu.regs.rax = u64::from(op);
             r.vcpu.regs.rdi = at;
+            // docs/pv-abi.md: every call writes RAX, RDX, RCX and R8 (0
+            // where they say nothing) and no other register.
+            (r.vcpu.regs.rcx, r.vcpu.regs.r8) = (0x1111, 0x2222);
+            (r.vcpu.regs.rbx, r.vcpu.regs.r9, r.vcpu.regs.r15) = (0x3333, 0x4444, 0x5555);
             lwp_state_call(&mut r.cx());
             assert_eq!(r.vcpu.regs.rax, status as u64, "{what}");
             assert_eq!(r.vcpu.regs.rdx, rdx, "{what}");
+            let regs = &r.vcpu.regs;
+            assert_eq!(
+                (regs.rbx, regs.r9, regs.r15),
+                (0x3333, 0x4444, 0x5555),
+                "{what}: preserved"
+            );
             if status == StateStatus::Refused {
                 assert_eq!(r.vcpu.regs.rcx, UNMAPPED, "{what}: the #PF address");
                 assert_eq!(r.lwp.unit().unwrap().cbaddr(), 0, "{what}: LWP is off");
+            } else {
+                assert_eq!((regs.rcx, regs.r8), (0, 0), "{what}: RCX and R8 cleared");
             }
         }
     }
