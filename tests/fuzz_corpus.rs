@@ -1,0 +1,36 @@
+//! The fuzz corpora stay live: every snapshot seed in the current format
+//! decodes, and enough of them are in it, so that a format change that
+//! leaves the corpus behind fails here and not, silently, in a fuzz
+//! campaign that starts from nothing. (CI also compares each target's
+//! coverage on its corpus with the floor in fuzz/corpus/FLOORS.)
+
+use std::path::Path;
+
+use lwpvmm::vmm::snapshot::{FORMAT_VERSION, MAGIC, decode};
+
+#[test]
+fn snapshot_seeds_are_in_the_current_format() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/snapshot");
+    let mut current = Vec::new();
+    for entry in std::fs::read_dir(&dir).expect("fuzz/corpus/snapshot") {
+        let path = entry.unwrap().path();
+        let bytes = std::fs::read(&path).unwrap();
+        let version = bytes
+            .get(8..12)
+            .filter(|_| bytes.starts_with(&MAGIC))
+            .map(|v| u32::from_le_bytes(v.try_into().unwrap()));
+        if version == Some(FORMAT_VERSION) {
+            let snap = decode(&bytes, &path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            current.push(snap.vcpus.iter().filter(|v| v.lwp.is_some()).count());
+        }
+    }
+    assert!(
+        current.len() >= 4,
+        "{} seeds of format {FORMAT_VERSION}: regenerate the corpus (fuzz/README.md)",
+        current.len()
+    );
+    assert!(
+        current.iter().filter(|&&lwp| lwp > 0).count() >= 3,
+        "seeds with LWP state reach the LWP checks: {current:?}"
+    );
+}
