@@ -235,6 +235,78 @@ fn signals_stop_the_vm_cleanly() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// SIGUSR1 and SIGUSR2 never end a run, with or without the option they
+/// serve (each says what it needs); two quick SIGINTs end it at once with
+/// a line saying so, and the metrics file still holds a whole document.
+#[test]
+fn user_signals_and_a_second_sigint() {
+    require_kvm();
+    let dir = std::env::temp_dir().join(format!("lwpvmm-usr-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let kernel = dir.join("replay.elf");
+    std::fs::write(&kernel, lwpvmm::guests::get("replay").unwrap()).unwrap();
+    let signal = |child: &std::process::Child, name: &str| {
+        let sent = std::process::Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(sent.success());
+    };
+    // (with --metrics, what the run's standard error then says)
+    let table = [
+        (false, "SIGUSR1 writes the metrics to the --metrics file: this run has none"),
+        (true, "SIGUSR2 takes a snapshot into --snapshot-dir: this run has none"),
+    ];
+    for (with_metrics, says) in table {
+        let (console, metrics) = (
+            dir.join(format!("{with_metrics}.console")),
+            dir.join(format!("{with_metrics}.json")),
+        );
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_lwpvmm"));
+        command
+            .args(["run", "--kernel"])
+            .arg(&kernel)
+            .args(["--memory", "64", "--cmdline", "iterations=1000000000"])
+            .arg("--serial")
+            .arg(&console)
+            .env("RUST_LOG", "lwpvmm=info")
+            .stderr(std::process::Stdio::piped());
+        if with_metrics {
+            command.arg("--metrics").arg(&metrics);
+        }
+        let mut child = command.spawn().unwrap();
+        wait_for(&console, "replay: step 1000", &mut child);
+        signal(&child, "USR1");
+        signal(&child, "USR2");
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "SIGUSR1 and SIGUSR2 ended the run"
+        );
+        // Two at once: the second ends the process before the first's
+        // clean stop completes, or the clean stop wins; either way the
+        // metrics file is whole.
+        signal(&child, "INT");
+        signal(&child, "INT");
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(130), "{err}");
+        assert!(err.contains(says), "{err}");
+        assert!(
+            err.contains("SIGINT again: exiting at once")
+                || err.contains("SIGINT received: the VM was stopped"),
+            "{err}"
+        );
+        if with_metrics {
+            let m: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(&metrics).unwrap()).unwrap();
+            assert!(m["vm"].is_object(), "a whole document: {m}");
+        }
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 /// `report` refuses what it cannot honour and reports what it can: an
 /// unknown EventId, a flamegraph with no samples (nothing is written), and
 /// a trace whose last line a killed run cut short (a warning, and the

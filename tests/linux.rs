@@ -176,10 +176,13 @@ fn a_guest_on_two_vcpus_passes_profiles_and_resumes_from_a_snapshot() {
         console.contains(&leaf_of_cpuid_command("emulated", "shim")),
         "the guest's leaf differs from `lwpvmm cpuid`:\n{console}"
     );
-    assert!(
-        console.lines().any(|l| l.trim_end() == "snapshot point"),
-        "{console}"
-    );
+    let at_ms = |console: &str, prefix: &str| -> u64 {
+        console
+            .lines()
+            .find_map(|l| l.trim_end().strip_prefix(prefix)?.strip_suffix(" ms")?.parse().ok())
+            .unwrap_or_else(|| panic!("no {prefix:?} line:\n{console}"))
+    };
+    let snapshot_ms = at_ms(&console, "snapshot point at ");
 
     // The module named each process's executable (state call 9), with its
     // build ID: the report finds lwp-hot's own file by its guest path under
@@ -211,6 +214,13 @@ fn a_guest_on_two_vcpus_passes_profiles_and_resumes_from_a_snapshot() {
     }
     let _ = std::fs::remove_file(&trace);
 
+    // The restore comes at least 30 s after the snapshot: a guest whose
+    // clock followed the host's meanwhile would show the jump.
+    let taken = std::fs::metadata(dir.join("state.bin"))
+        .and_then(|m| m.modified())
+        .expect("the snapshot's state file");
+    let waited = taken.elapsed().unwrap_or_default();
+    std::thread::sleep(std::time::Duration::from_secs(31).saturating_sub(waited));
     let restored = output_within(
         Command::new(env!("CARGO_BIN_EXE_lwpvmm")).args(["restore", dir_arg]),
         RUN_LIMIT,
@@ -221,6 +231,16 @@ fn a_guest_on_two_vcpus_passes_profiles_and_resumes_from_a_snapshot() {
         after.contains("after the snapshot point") && !after.contains("self-test starting"),
         "the restored guest resumes at the port write:\n{after}"
     );
+    // Guest time goes on from the snapshot (kvmclock restored as it was,
+    // not moved on by the host's time meanwhile): the port write and the
+    // line after it are moments apart by the guest's clock, and no RCU
+    // stall follows.
+    let resumed_ms = at_ms(&after, "after the snapshot point at ");
+    assert!(
+        resumed_ms.saturating_sub(snapshot_ms) < 10_000,
+        "the guest's clock jumped from {snapshot_ms} ms to {resumed_ms} ms across the restore:\n{after}"
+    );
+    assert!(!after.contains("detected stalls"), "{after}");
     for program in &PROGRAMS[5..] {
         assert!(
             after.contains(&format!("ok - {program}")),

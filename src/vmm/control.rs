@@ -246,17 +246,11 @@ impl Control {
                     Ok::<_, VmError>(t)
                 })
                 .transpose()?,
-            sigusr1: self
-                .metrics_file
-                .as_ref()
-                .map(|_| signal_pipe(signal_hook::consts::SIGUSR1, "SIGUSR1"))
-                .transpose()?,
-            sigusr2: self
-                .plan
-                .dir
-                .as_ref()
-                .map(|_| signal_pipe(signal_hook::consts::SIGUSR2, "SIGUSR2"))
-                .transpose()?,
+            // Always installed: without --metrics or --snapshot-dir the
+            // signal is answered with a log line, never the default
+            // action, which would end the VM.
+            sigusr1: Some(signal_pipe(signal_hook::consts::SIGUSR1, "SIGUSR1")?),
+            sigusr2: Some(signal_pipe(signal_hook::consts::SIGUSR2, "SIGUSR2")?),
             stop_signals: self.stop_signals.take(),
             stdin: stdin_is_terminal().then(std::io::stdin),
             bus: Arc::clone(&self.shared.bus),
@@ -272,6 +266,8 @@ impl Control {
             std::process::id()
         );
         let mut errors = Vec::new();
+        // A metrics file holds a whole document from the start.
+        self.write_metrics(None, &[], &mut errors);
         let mut paused = false;
         let signal = loop {
             let seen = sources
@@ -285,7 +281,13 @@ impl Control {
                 break seen.signal;
             }
             if seen.metrics {
+                if self.metrics_file.is_none() {
+                    log::warn!("SIGUSR1 writes the metrics to the --metrics file: this run has none");
+                }
                 self.write_metrics(None, &[], &mut errors);
+            }
+            if seen.snapshot.contains(&"SIGUSR2") && self.plan.dir.is_none() {
+                log::warn!("SIGUSR2 takes a snapshot into --snapshot-dir: this run has none");
             }
             if seen.samples > 0 && !paused {
                 self.vcpus.iter().for_each(VcpuHandle::kick_sample);
@@ -591,6 +593,22 @@ impl Control {
         }
     }
 
+    /// The metrics of a run that ended on `error`.
+    fn write_failed_metrics(&self, error: &VmError, lwp: &[crate::lwp::unit::UnitStats]) {
+        let Some(file) = &self.metrics_file else {
+            return;
+        };
+        let counters = VmCounters::of(&self.metrics);
+        let mut document = metrics_document(None, &counters, lwp);
+        document.error = Some(error.to_string());
+        if let Err(e) = serde_json::to_vec_pretty(&document)
+            .map_err(std::io::Error::other)
+            .and_then(|bytes| file.replace(&bytes))
+        {
+            log::error!("cannot write the metrics to {}: {e}", file.path().display());
+        }
+    }
+
     /// Stops and joins every vCPU, flushes the console and the trace, writes
     /// the metrics, and says how the VM ended.
     fn finish(
@@ -629,7 +647,11 @@ impl Control {
             self.metrics[0].trace_errors.fetch_add(1, Ordering::Relaxed);
         }
         let end = match (first, signal) {
-            (Some(Err(e)), _) => return Err(e),
+            (Some(Err(e)), _) => {
+                // What was counted is written also when the VM failed.
+                self.write_failed_metrics(&e, &lwp);
+                return Err(e);
+            }
             (Some(Ok(end)), _) => VmEnd::Guest(end),
             (None, Some(signal)) => {
                 log::info!("{} received: the VM was stopped", signals::name(signal));

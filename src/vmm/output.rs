@@ -6,7 +6,6 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use thiserror::Error;
@@ -69,23 +68,38 @@ impl OutputError {
 #[derive(Debug)]
 pub struct RewriteFile {
     path: PathBuf,
-    file: File,
+    part: PathBuf,
 }
 
 impl RewriteFile {
-    /// Creates (or truncates) the file.
+    /// Checks that the file can be written: its temporary sibling is
+    /// created (and left for [`Self::replace`]), the file itself is not
+    /// touched until the first replacement.
     pub fn create(kind: OutputKind, path: &Path) -> Result<Self, OutputError> {
-        let file = File::create(path).map_err(|e| OutputError::new(kind, path, e))?;
+        let err = |e| OutputError::new(kind, path, e);
+        if path.is_dir() {
+            return Err(err(io::Error::from(io::ErrorKind::IsADirectory)));
+        }
+        let name = path
+            .file_name()
+            .ok_or_else(|| err(io::Error::from(io::ErrorKind::InvalidFilename)))?;
+        let mut part_name = std::ffi::OsString::from(".");
+        part_name.push(name);
+        part_name.push(".lwpvmm-part");
+        let part = path.with_file_name(part_name);
+        File::create(&part).map_err(err)?;
         Ok(RewriteFile {
             path: path.to_owned(),
-            file,
+            part,
         })
     }
 
-    /// Replaces the content with `bytes`.
+    /// Replaces the content with `bytes`: written beside the file and
+    /// renamed over it, so the file always holds a whole document (the
+    /// last one), never a truncated one, whenever the process ends.
     pub fn replace(&self, bytes: &[u8]) -> io::Result<()> {
-        self.file.set_len(0)?;
-        self.file.write_all_at(bytes, 0)
+        std::fs::write(&self.part, bytes)?;
+        std::fs::rename(&self.part, &self.path)
     }
 
     /// The file's path.

@@ -9,8 +9,6 @@
 use std::io::Read;
 use std::os::unix::io::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 
 use signal_hook::SigId;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
@@ -23,6 +21,9 @@ pub const STOP_SIGNALS: [i32; 3] = [SIGINT, SIGTERM, SIGHUP];
 pub struct StopSignals {
     watched: Vec<(i32, UnixStream)>,
     ids: Vec<SigId>,
+    /// The thread that ends the process at the second signal, and how to
+    /// stop it.
+    second: Option<(signal_hook::iterator::Handle, std::thread::JoinHandle<()>)>,
 }
 
 impl StopSignals {
@@ -32,19 +33,30 @@ impl StopSignals {
         let mut stop = StopSignals {
             watched: Vec::new(),
             ids: Vec::new(),
+            second: None,
         };
+        // The second signal ends the process from a thread of its own
+        // (made before any filter, on the caller's thread), which says so
+        // first: the control thread may be busy stopping the VM.
+        let mut signals = signal_hook::iterator::Signals::new(STOP_SIGNALS)?;
+        let handle = signals.handle();
+        let thread = std::thread::Builder::new()
+            .name("lwpvmm-signals".into())
+            .spawn(move || {
+                let mut seen = 0;
+                for signal in signals.forever() {
+                    seen += 1;
+                    if seen >= 2 {
+                        eprintln!(
+                            "lwpvmm: {} again: exiting at once, without waiting for the VM to stop (the --metrics file keeps its last whole document)",
+                            name(signal)
+                        );
+                        std::process::exit(128 + signal);
+                    }
+                }
+            })?;
+        stop.second = Some((handle, thread));
         for signal in STOP_SIGNALS {
-            let armed = Arc::new(AtomicBool::new(false));
-            // The shutdown goes first, so that it sees the flag the first
-            // signal sets only from the second signal on.
-            let status = 128 + u32::try_from(signal).unwrap_or(0);
-            stop.ids
-                .push(signal_hook::flag::register_conditional_shutdown(
-                    signal,
-                    status as i32,
-                    Arc::clone(&armed),
-                )?);
-            stop.ids.push(signal_hook::flag::register(signal, armed)?);
             let (reader, writer) = UnixStream::pair()?;
             reader.set_nonblocking(true)?;
             stop.ids
@@ -72,6 +84,10 @@ impl Drop for StopSignals {
     fn drop(&mut self) {
         for id in self.ids.drain(..) {
             signal_hook::low_level::unregister(id);
+        }
+        if let Some((handle, thread)) = self.second.take() {
+            handle.close();
+            let _ = thread.join();
         }
     }
 }

@@ -205,9 +205,19 @@ impl VmKvmState {
         })
     }
 
-    /// Sets it on a VM before its vCPUs run.
+    /// Sets it on a VM before its vCPUs run: kvmclock goes on from the
+    /// value it had at the snapshot, as Firecracker restores it. The flags
+    /// KVM_GET_CLOCK reported are dropped: with KVM_CLOCK_REALTIME, KVM
+    /// would move the clock on by the host's real time since the snapshot,
+    /// and a guest restored minutes later would jump by minutes (and report
+    /// RCU stalls). The guest's wall clock then lags by the pause, until
+    /// its time service steps it (docs/snapshot.md).
     pub fn apply(&self, vm: &VmFd) -> Result<(), SnapshotError> {
-        vm.set_clock(&self.clock)
+        let clock = kvm_clock_data {
+            clock: self.clock.clock,
+            ..kvm_clock_data::default()
+        };
+        vm.set_clock(&clock)
             .map_err(|source| SnapshotError::Kvm {
                 what: "KVM_SET_CLOCK",
                 source,

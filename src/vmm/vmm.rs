@@ -88,6 +88,9 @@ pub struct SnapshotInfo {
 #[derive(Debug, Serialize)]
 pub struct MetricsDocument<'a> {
     end: Option<serde_json::Value>,
+    /// Why the run failed, when it ended on a VMM error.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
     vm: &'a VmCounters,
     lwp_units: &'a [UnitStats],
 }
@@ -105,7 +108,12 @@ pub fn metrics_document<'a>(
         VmEnd::Signal(signal) => serde_json::json!({ "signal": signal }),
         VmEnd::Stopped => serde_json::json!("stopped"),
     });
-    MetricsDocument { end, vm, lwp_units }
+    MetricsDocument {
+        end,
+        error: None,
+        vm,
+        lwp_units,
+    }
 }
 
 /// A request to the control thread.

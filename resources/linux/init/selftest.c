@@ -256,18 +256,31 @@ static void power_off(void)
 	exit(1);
 }
 
+/* The guest's monotonic clock in milliseconds: a restored guest's goes on
+ * from where the snapshot left it, however long the snapshot waited
+ * (docs/snapshot.md). */
+static unsigned long long monotonic_ms(void)
+{
+	struct timespec ts = { 0 };
+
+	/* CLOCK_MONOTONIC is 1. */
+	my_syscall2(__NR_clock_gettime, 1, &ts);
+	return (unsigned long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 /* Asks lwpvmm for a snapshot here (--snapshot-on-port): the debug port,
- * opened to this process with ioperm. */
+ * opened to this process with ioperm. Both lines carry the monotonic
+ * clock, so a restore's time jump shows. */
 static void snapshot_point(void)
 {
 	if (my_syscall3(__NR_ioperm, SNAPSHOT_PORT, 1, 1) != 0) {
 		printf("snapshot point: ioperm refused\n");
 		return;
 	}
-	printf("snapshot point\n");
+	printf("snapshot point at %llu ms\n", monotonic_ms());
 	ioctl(1, TCSBRK, (void *)1);
 	__asm__ volatile("outb %%al, %0" ::"i"(SNAPSHOT_PORT), "a"(0));
-	printf("after the snapshot point\n");
+	printf("after the snapshot point at %llu ms\n", monotonic_ms());
 }
 
 /* The LWP_CFG the module writes on CPU `cpu` when the leaf enables LWP;
