@@ -255,8 +255,14 @@ fn user_signals_and_a_second_sigint() {
     };
     // (with --metrics, what the run's standard error then says)
     let table = [
-        (false, "SIGUSR1 writes the metrics to the --metrics file: this run has none"),
-        (true, "SIGUSR2 takes a snapshot into --snapshot-dir: this run has none"),
+        (
+            false,
+            "SIGUSR1 writes the metrics to the --metrics file: this run has none",
+        ),
+        (
+            true,
+            "SIGUSR2 takes a snapshot into --snapshot-dir: this run has none",
+        ),
     ];
     for (with_metrics, says) in table {
         let (console, metrics) = (

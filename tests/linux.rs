@@ -179,7 +179,13 @@ fn a_guest_on_two_vcpus_passes_profiles_and_resumes_from_a_snapshot() {
     let at_ms = |console: &str, prefix: &str| -> u64 {
         console
             .lines()
-            .find_map(|l| l.trim_end().strip_prefix(prefix)?.strip_suffix(" ms")?.parse().ok())
+            .find_map(|l| {
+                l.trim_end()
+                    .strip_prefix(prefix)?
+                    .strip_suffix(" ms")?
+                    .parse()
+                    .ok()
+            })
             .unwrap_or_else(|| panic!("no {prefix:?} line:\n{console}"))
     };
     let snapshot_ms = at_ms(&console, "snapshot point at ");
@@ -352,10 +358,18 @@ fn a_panicking_kernel_on_a_terminal() {
 
 /// What a fleet's collector does: lwpvmm runs the Linux guest with
 /// `--api-sock` while /lwp-hot and /lwp-warm sample CNH side by side;
-/// curl fetches `/debug/pprof/profile?seconds=5`, and `go tool pprof`
-/// reads it: both programs' functions are named, each from its own ELF
-/// (the initramfs, lwpvmm's default sysroot, by the paths and build IDs
-/// the guest module reported), and warm_leaf's caller is on its stacks.
+/// curl fetches `/debug/pprof/profile?seconds=N`, and `go tool pprof`
+/// reads it, with no options, on CPU time: both programs' functions are
+/// named, each from its own ELF (the initramfs, lwpvmm's default sysroot,
+/// by the paths and build IDs the guest module reported), and warm_leaf's
+/// caller is on its stacks.
+///
+/// It cannot flake on a loaded host: it meets the guest on progress, not
+/// on a clock. The programs run until the test stops the VM (up to ten
+/// minutes); the capture starts only once both say their sampling loop
+/// runs, and captures of 5, 10, 20, 40 and 80 s follow one another until
+/// one has at least 25 samples of each program. A host so loaded that
+/// none does fails with the counts it saw.
 #[test]
 fn a_collector_fetches_a_profile_of_two_processes_over_the_api() {
     require_kvm();
@@ -368,75 +382,84 @@ fn a_collector_fetches_a_profile_of_two_processes_over_the_api() {
     let sock = dir.join(format!("api-{}.sock", std::process::id()));
     let profile = dir.join(format!("api-{}.pb.gz", std::process::id()));
     let _ = std::fs::remove_file(&sock);
-    let cmdline = format!("{} lwpprof=12", lwpvmm::vmm::boot::LINUX_CMDLINE);
-    let mut vm = Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
-        .args(["run", "--kernel"])
-        .arg(dir.join("vmlinux"))
-        .arg("--initramfs")
-        .arg(dir.join("initramfs.cpio"))
-        .args(["--memory", "64", "--vcpus", "2", "--cmdline", &cmdline])
-        .arg("--api-sock")
-        .arg(&sock)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run lwpvmm");
-    let stdout = vm.stdout.take().expect("stdout");
-    let (lines, seen) = std::sync::mpsc::channel::<String>();
-    let reader = std::thread::spawn(move || {
-        use std::io::BufRead;
-        let mut all = String::new();
-        for line in std::io::BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-        {
-            all.push_str(&line);
-            all.push('\n');
-            let _ = lines.send(line);
+    let cmdline = format!("{} lwpprof=600", lwpvmm::vmm::boot::LINUX_CMDLINE);
+    let mut vm = common::spawn_within(
+        Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
+            .args(["run", "--kernel"])
+            .arg(dir.join("vmlinux"))
+            .arg("--initramfs")
+            .arg(dir.join("initramfs.cpio"))
+            .args(["--memory", "64", "--vcpus", "2", "--cmdline", &cmdline])
+            .arg("--api-sock")
+            .arg(&sock),
+        RUN_LIMIT + std::time::Duration::from_secs(300),
+    );
+    let sampling = vm.wait_for_lines(
+        &["  lwp-hot: sampling", "  lwp-warm: sampling"],
+        std::time::Duration::from_secs(240),
+    );
+    // Samples of each program in a profile (its cpu_clocks values).
+    let per_program = |bytes: &[u8]| -> [i64; 2] {
+        let p = lwpvmm::profile::pprof::read(bytes).expect("a gzipped pprof profile");
+        let s = |i: i64| p.string_table[i as usize].as_str();
+        let slot = p
+            .sample_type
+            .iter()
+            .position(|t| s(t.r#type) == "cpu_clocks");
+        let mut n = [0i64; 2];
+        for sample in &p.sample {
+            let Some(loc) = sample.location_id.first() else {
+                continue;
+            };
+            let m = p.location[*loc as usize - 1].mapping_id;
+            let file = (m > 0).then(|| s(p.mapping[m as usize - 1].filename));
+            let at = match file {
+                Some("/lwp-hot") => 0,
+                Some("/lwp-warm") => 1,
+                _ => continue,
+            };
+            n[at] += slot.map_or(0, |i| sample.value[i]);
         }
-        all
-    });
-    let running = loop {
-        match seen.recv_timeout(std::time::Duration::from_secs(180)) {
-            Ok(l) if l.starts_with("lwp-prof: running") => break true,
-            Ok(_) => {}
-            Err(_) => break false,
-        }
+        n
     };
-    let fetched = running.then(|| {
-        Command::new("curl")
-            .args(["-sS", "--fail", "--unix-socket"])
-            .arg(&sock)
-            .arg("-o")
-            .arg(&profile)
-            .arg("http://lwpvmm/debug/pprof/profile?seconds=5")
-            .output()
-            .expect("run curl (apt-get install curl)")
-    });
-    if !running {
-        // A guest stuck in boot never ends by itself: SIGTERM makes lwpvmm
-        // stop it and hand over its console, which the failure shows.
-        let _ = Command::new("kill")
-            .args(["-TERM", &vm.id().to_string()])
-            .status();
+    let mut seen = Vec::new();
+    if sampling {
+        for seconds in [5, 10, 20, 40, 80] {
+            let fetched = Command::new("curl")
+                .args(["-sS", "--fail", "--unix-socket"])
+                .arg(&sock)
+                .arg("-o")
+                .arg(&profile)
+                .arg(format!(
+                    "http://lwpvmm/debug/pprof/profile?seconds={seconds}"
+                ))
+                .output()
+                .expect("run curl (apt-get install curl)");
+            assert!(fetched.status.success(), "curl: {fetched:?}");
+            let counts = per_program(&std::fs::read(&profile).expect("the profile"));
+            seen.push((seconds, counts));
+            if counts.iter().all(|&n| n >= 25) {
+                break;
+            }
+        }
     }
-    let status = vm.wait().expect("wait for lwpvmm");
-    let mut stderr = String::new();
-    use std::io::Read;
-    let _ = vm
-        .stderr
-        .take()
-        .expect("stderr")
-        .read_to_string(&mut stderr);
-    let console = Console {
-        stdout: reader.join().expect("the console reader"),
-        stderr,
-    };
-    assert!(running, "the guest never started its programs:\n{console}");
-    let fetched = fetched.expect("curl ran");
-    assert!(fetched.status.success(), "curl: {fetched:?}\n{console}");
-    assert_eq!(status.code(), Some(0), "{console}");
-    assert!(console.contains("lwp-prof: done"), "{console}");
+    let _ = Command::new("curl")
+        .args(["-sS", "--unix-socket"])
+        .arg(&sock)
+        .args(["-X", "PUT", "-d", r#"{"action_type": "Stop"}"#])
+        .arg("http://lwpvmm/actions")
+        .output();
+    let out = vm.wait();
+    let console = Console::of(&out);
+    assert!(
+        sampling,
+        "the guest never started both programs:\n{console}"
+    );
+    assert!(
+        seen.last().is_some_and(|(_, n)| n.iter().all(|&n| n >= 25)),
+        "no capture had 25 samples of each program (seconds, [lwp-hot, lwp-warm]): {seen:?}\n{console}"
+    );
+    assert_eq!(out.status.code(), Some(0), "{console}");
 
     let top = Command::new("go")
         .args(["tool", "pprof", "-top", "-nodecount=100"])
@@ -445,6 +468,10 @@ fn a_collector_fetches_a_profile_of_two_processes_over_the_api() {
         .expect("run go tool pprof");
     let text = String::from_utf8_lossy(&top.stdout);
     assert!(top.status.success(), "go tool pprof: {top:?}");
+    // Opened on CPU time without options (the profile's default sample
+    // type), in milliseconds of the sampler's period.
+    assert!(text.contains("Type: cpu\n"), "{text}");
+    assert!(text.contains("ms"), "{text}");
     for function in ["hot_4", "warm_leaf", "warm_caller"] {
         assert!(
             text.lines()

@@ -180,9 +180,11 @@ fn snapshot_restore_and_refusals() {
     refused(&bad, &[], "corrupt");
 
     // A newer format version, and older ones this lwpvmm no longer reads
-    // (5 was a machine with KVM's PIC, PIT and IOAPIC).
+    // (6 had another checksum, 5 was a machine with KVM's PIC, PIT and
+    // IOAPIC).
     for (version, want) in [
-        (7, "format version 7 is not supported"),
+        (8, "format version 8 is not supported"),
+        (6, "versions before 7 use another checksum"),
         (5, "restore it with the lwpvmm that wrote it"),
         (3, "restore it with the lwpvmm that wrote it"),
     ] {

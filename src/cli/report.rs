@@ -164,12 +164,22 @@ pub fn report(out: &mut dyn Write, args: &ReportArgs) -> Result<u8, CliError> {
         f.commit(|file| Ok(report::flamegraph(&folded, &title, file)?))?;
     }
     if let Some(f) = pprof_file {
-        let when = std::fs::metadata(&args.trace)
-            .and_then(|m| m.modified())
-            .ok()
-            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-            .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
-        let profile = pprof::profile(&tally, &resolver, when, "the host-side trace");
+        // The run's span: the trace was created at its start and last
+        // written at its end.
+        let nanos = |t: std::io::Result<std::time::SystemTime>| {
+            t.ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+        };
+        let meta = std::fs::metadata(&args.trace).ok();
+        let end = meta.as_ref().and_then(|m| nanos(m.modified()));
+        let start = meta.as_ref().and_then(|m| nanos(m.created()));
+        let timing = pprof::Timing {
+            time_nanos: start.or(end).unwrap_or(0),
+            duration_nanos: start.zip(end).map_or(0, |(s, e)| (e - s).max(0)),
+            sample_hz: summary.header.sample_hz,
+        };
+        let profile = pprof::profile(&tally, &resolver, timing, "the host-side trace");
         f.commit(|file| Ok(pprof::write(&profile, file)?))?;
     }
     Ok(0)

@@ -167,6 +167,8 @@ struct Key {
 #[derive(Debug, Default)]
 pub struct Capture {
     start: TableVersion,
+    /// When it began, for the profile's time and duration.
+    began: Option<(std::time::SystemTime, std::time::Instant)>,
     mappings: Vec<MappingLine>,
     counts: HashMap<Key, u64>,
     /// Records counted.
@@ -183,6 +185,7 @@ impl Capture {
     pub fn new(table: &MappingTable) -> Self {
         Capture {
             start: table.version(),
+            began: Some((std::time::SystemTime::now(), std::time::Instant::now())),
             ..Capture::default()
         }
     }
@@ -252,17 +255,27 @@ impl Capture {
         tally
     }
 
-    /// The capture as a pprof profile taken at `time_nanos`, named by
-    /// `resolver`.
-    pub fn profile(self, mut resolver: Resolver, time_nanos: i64) -> Profile {
+    /// The capture as a pprof profile, named by `resolver`: it began when
+    /// the capture started and lasts until now; `sample_hz` is the
+    /// sampler's rate.
+    pub fn profile(self, mut resolver: Resolver, sample_hz: u32) -> Profile {
         let (records, dropped) = (self.records, self.dropped);
+        let timing = match self.began {
+            Some((wall, since)) => super::pprof::Timing {
+                time_nanos: wall
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)),
+                duration_nanos: i64::try_from(since.elapsed().as_nanos()).unwrap_or(i64::MAX),
+                sample_hz,
+            },
+            None => super::pprof::Timing {
+                sample_hz,
+                ..super::pprof::Timing::default()
+            },
+        };
         let tally = self.tally(&mut resolver);
-        let mut p = super::pprof::profile(
-            &tally,
-            &resolver,
-            time_nanos,
-            "a capture of the control API",
-        );
+        let mut p =
+            super::pprof::profile(&tally, &resolver, timing, "a capture of the control API");
         if dropped > 0 {
             let note = format!(
                 "lwpvmm: {dropped} of {} records not counted (more than {MAX_STACKS} distinct stacks)",
@@ -415,9 +428,9 @@ mod tests {
         let mut c = Capture::default();
         c.record(&TraceRecord::stacked(5, 0x1000, 0x1010, &[]));
         c.dropped = 4;
-        let p = c.profile(Resolver::with_symbols(symbols), 7);
+        let p = c.profile(Resolver::with_symbols(symbols), 1000);
         assert!(p.string_table.iter().any(|s| s == "leaf"));
         assert!(p.string_table.iter().any(|s| s.contains("4 of 5 records")));
-        assert_eq!(p.time_nanos, 7);
+        assert_eq!(p.period, 1_000_000, "a period of 1/sample_hz");
     }
 }

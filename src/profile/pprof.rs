@@ -40,12 +40,35 @@ pub struct Profile {
     /// Every string the profile refers to by index; the first is "".
     #[prost(string, repeated, tag = "6")]
     pub string_table: Vec<String>,
-    /// When the profile was taken (nanoseconds since the epoch).
+    /// When the profile began (nanoseconds since the epoch).
     #[prost(int64, tag = "9")]
     pub time_nanos: i64,
+    /// How long it covers (nanoseconds; 0 when unknown).
+    #[prost(int64, tag = "10")]
+    pub duration_nanos: i64,
+    /// What one sampling period is (cpu/nanoseconds for clock samples).
+    #[prost(message, optional, tag = "11")]
+    pub period_type: Option<ValueType>,
+    /// One sampling period, in `period_type`'s unit.
+    #[prost(int64, tag = "12")]
+    pub period: i64,
     /// Free-form comments (string indices).
     #[prost(int64, repeated, tag = "13")]
     pub comment: Vec<i64>,
+    /// The sample type tools show unless told otherwise (string index).
+    #[prost(int64, tag = "14")]
+    pub default_sample_type: i64,
+}
+
+/// When a profile was taken, over how long, and the sampler's rate then.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Timing {
+    /// Its start, in nanoseconds since the epoch.
+    pub time_nanos: i64,
+    /// How long it covers, in nanoseconds (0 when unknown).
+    pub duration_nanos: i64,
+    /// The sampler's kicks per second (0: off or unknown).
+    pub sample_hz: u32,
 }
 
 /// profile.proto's `ValueType`.
@@ -219,7 +242,15 @@ impl Builder {
 /// The profile of `tally`'s records, every EventId a sample type of its
 /// own, named by `resolver`; `source` says where the records came from
 /// (a comment of the profile).
-pub fn profile(tally: &Tally, resolver: &Resolver, time_nanos: i64, source: &str) -> Profile {
+///
+/// With sampled clocks (CNH, else RNH: the event `report` counts by
+/// default) and a known sampler rate, the profile also has a `cpu` sample
+/// type in nanoseconds (each record of that event one sampling period,
+/// 1/`sample_hz`: the sampler stores one record per kick while the LWPCB's
+/// interval is at most a kick's cycles), its period, and `cpu` as the
+/// default sample type, so tools show time without options. Without clocks
+/// the default is the last type, as pprof's own rule has it.
+pub fn profile(tally: &Tally, resolver: &Resolver, timing: Timing, source: &str) -> Profile {
     let mut b = Builder::default();
     b.string("");
     let events: Vec<u8> = tally.events().collect();
@@ -231,6 +262,27 @@ pub fn profile(tally: &Tally, resolver: &Resolver, time_nanos: i64, source: &str
             unit: count,
         });
     }
+    let clock = tally.default_event();
+    let period = (timing.sample_hz > 0).then(|| 1_000_000_000 / i64::from(timing.sample_hz));
+    let cpu_slot = match (clock, period) {
+        (Some(_), Some(period)) => {
+            let (cpu, nanoseconds) = (b.string("cpu"), b.string("nanoseconds"));
+            let ns = ValueType {
+                r#type: cpu,
+                unit: nanoseconds,
+            };
+            b.profile.sample_type.push(ns.clone());
+            b.profile.period_type = Some(ns);
+            b.profile.period = period;
+            b.profile.default_sample_type = cpu;
+            Some(events.len())
+        }
+        (Some(e), None) => {
+            b.profile.default_sample_type = b.string(&event_label(e));
+            None
+        }
+        _ => None,
+    };
     // Every object is a mapping of its own addresses: the profile merges
     // processes, so no one load address would do.
     for (i, o) in resolver.objects.iter().enumerate() {
@@ -263,9 +315,15 @@ pub fn profile(tally: &Tally, resolver: &Resolver, time_nanos: i64, source: &str
                 b.location(Frame { address, ..f }, resolver)
             })
             .collect();
-        let mut value = vec![0i64; events.len()];
+        let mut value = vec![0i64; b.profile.sample_type.len()];
+        let n = i64::try_from(c.count).unwrap_or(i64::MAX);
         if let Some(slot) = events.iter().position(|&e| e == c.event) {
-            value[slot] = i64::try_from(c.count).unwrap_or(i64::MAX);
+            value[slot] = n;
+        }
+        if let (Some(slot), Some(period)) = (cpu_slot, period)
+            && Some(c.event) == clock
+        {
+            value[slot] = n.saturating_mul(period);
         }
         let space = b.string(&format!("{:#x}", c.cr3));
         b.profile.sample.push(Sample {
@@ -279,7 +337,8 @@ pub fn profile(tally: &Tally, resolver: &Resolver, time_nanos: i64, source: &str
     }
     let comment = b.string(&format!("lwpvmm: LWP records from {source}"));
     b.profile.comment.push(comment);
-    b.profile.time_nanos = time_nanos;
+    b.profile.time_nanos = timing.time_nanos;
+    b.profile.duration_nanos = timing.duration_nanos;
     b.profile
 }
 
@@ -338,17 +397,42 @@ mod tests {
             tally.add(&r, &resolver);
         }
         let mut gz = Vec::new();
-        write(&profile(&tally, &resolver, 7, "a test"), &mut gz).unwrap();
+        let timing = Timing {
+            time_nanos: 7,
+            duration_nanos: 5_000_000_000,
+            sample_hz: 1000,
+        };
+        write(&profile(&tally, &resolver, timing, "a test"), &mut gz).unwrap();
         let p = read(&gz).unwrap();
         let s = |i: i64| p.string_table[i as usize].as_str();
         assert_eq!(p.string_table[0], "");
-        let types: Vec<&str> = p.sample_type.iter().map(|t| s(t.r#type)).collect();
-        assert_eq!(types, ["cpu_clocks", "lwpins"]);
+        let types: Vec<(&str, &str)> = p
+            .sample_type
+            .iter()
+            .map(|t| (s(t.r#type), s(t.unit)))
+            .collect();
+        assert_eq!(
+            types,
+            [
+                ("cpu_clocks", "count"),
+                ("lwpins", "count"),
+                ("cpu", "nanoseconds")
+            ]
+        );
+        // Tools open it on CPU time: one millisecond per clock sample at
+        // 1 kHz.
+        assert_eq!(s(p.default_sample_type), "cpu");
+        let period = p.period_type.as_ref().map(|t| (s(t.r#type), s(t.unit)));
+        assert_eq!(
+            (period, p.period),
+            (Some(("cpu", "nanoseconds")), 1_000_000)
+        );
+        assert_eq!(p.duration_nanos, 5_000_000_000);
         assert_eq!(p.sample.len(), 2);
         let clocks = p
             .sample
             .iter()
-            .find(|x| x.value == [2, 0])
+            .find(|x| x.value == [2, 0, 2_000_000])
             .expect("CNH sample");
         assert_eq!(clocks.location_id.len(), 2);
         let leaf = &p.location[clocks.location_id[0] as usize - 1];
@@ -374,7 +458,7 @@ mod tests {
         let raw = p
             .sample
             .iter()
-            .find(|x| x.value == [0, 1])
+            .find(|x| x.value == [0, 1, 0])
             .expect("LWPINS sample");
         let other = &p.location[raw.location_id[0] as usize - 1];
         assert_eq!(

@@ -282,7 +282,9 @@ impl Control {
             }
             if seen.metrics {
                 if self.metrics_file.is_none() {
-                    log::warn!("SIGUSR1 writes the metrics to the --metrics file: this run has none");
+                    log::warn!(
+                        "SIGUSR1 writes the metrics to the --metrics file: this run has none"
+                    );
                 }
                 self.write_metrics(None, &[], &mut errors);
             }

@@ -217,11 +217,10 @@ impl VmKvmState {
             clock: self.clock.clock,
             ..kvm_clock_data::default()
         };
-        vm.set_clock(&clock)
-            .map_err(|source| SnapshotError::Kvm {
-                what: "KVM_SET_CLOCK",
-                source,
-            })
+        vm.set_clock(&clock).map_err(|source| SnapshotError::Kvm {
+            what: "KVM_SET_CLOCK",
+            source,
+        })
     }
 }
 

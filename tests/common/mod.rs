@@ -9,7 +9,7 @@ use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -29,6 +29,8 @@ const STOP_GRACE: Duration = Duration::from_secs(20);
 pub struct Bounded {
     child: Option<Child>,
     stdout: Option<JoinHandle<Vec<u8>>>,
+    /// Standard output so far, as the reader receives it.
+    so_far: Arc<Mutex<Vec<u8>>>,
     stderr: Option<JoinHandle<Vec<u8>>>,
     started: Instant,
     limit: Duration,
@@ -43,11 +45,28 @@ fn signal_group(child: &Child, signal: &str) {
         .status();
 }
 
-fn collect(mut from: impl Read + Send + 'static) -> JoinHandle<Vec<u8>> {
+fn collect(from: impl Read + Send + 'static) -> JoinHandle<Vec<u8>> {
+    collect_into(Box::new(from), Arc::default())
+}
+
+/// Reads `from` to its end, keeping what came so far in `so_far`.
+fn collect_into(
+    mut from: Box<dyn Read + Send + 'static>,
+    so_far: Arc<Mutex<Vec<u8>>>,
+) -> JoinHandle<Vec<u8>> {
     std::thread::spawn(move || {
-        let mut all = Vec::new();
-        let _ = from.read_to_end(&mut all);
-        all
+        let mut chunk = [0u8; 4096];
+        loop {
+            match from.read(&mut chunk) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if let Ok(mut all) = so_far.lock() {
+                        all.extend_from_slice(&chunk[..n]);
+                    }
+                }
+            }
+        }
+        so_far.lock().map(|all| all.clone()).unwrap_or_default()
     })
 }
 
@@ -61,11 +80,16 @@ pub fn spawn_within(command: &mut Command, limit: Duration) -> Bounded {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("start {command:?}: {e}"));
-    let stdout = child.stdout.take().map(collect);
+    let so_far: Arc<Mutex<Vec<u8>>> = Arc::default();
+    let stdout = child
+        .stdout
+        .take()
+        .map(|s| collect_into(Box::new(s), Arc::clone(&so_far)));
     let stderr = child.stderr.take().map(collect);
     Bounded {
         child: Some(child),
         stdout,
+        so_far,
         stderr,
         started: Instant::now(),
         limit,
@@ -80,6 +104,34 @@ pub fn output_within(command: &mut Command, limit: Duration) -> Output {
 }
 
 impl Bounded {
+    /// Waits until the run has printed each of `lines` (whole lines, in
+    /// any order) on standard output: true then, false when it ended or
+    /// `within` passed first.
+    pub fn wait_for_lines(&mut self, lines: &[&str], within: Duration) -> bool {
+        let until = Instant::now() + within;
+        loop {
+            let printed = self
+                .so_far
+                .lock()
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+                .unwrap_or_default();
+            if lines
+                .iter()
+                .all(|want| printed.lines().any(|l| l.trim_end() == *want))
+            {
+                return true;
+            }
+            let ended = self
+                .child
+                .as_mut()
+                .is_none_or(|c| !matches!(c.try_wait(), Ok(None)));
+            if ended || Instant::now() >= until {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     fn wait_until(child: &mut Child, until: Instant) -> Option<ExitStatus> {
         loop {
             match child.try_wait() {

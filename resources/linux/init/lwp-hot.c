@@ -44,6 +44,9 @@ int main(int argc, char **argv)
 
 	cnh_sampling(&cb, ring, sizeof(ring));
 	check("LLWPCB grants CNH", cb.flags == LWP_CNH);
+	/* The control API's test starts its captures once both programs
+	 * say this: it meets them on progress, not on a clock. */
+	printf("  lwp-hot: sampling\n");
 	for (i = 0; end ? time(0) < end : i < ROUNDS; i++) {
 		hot_1();
 		hot_2();

@@ -46,6 +46,9 @@ int main(int argc, char **argv)
 
 	cnh_sampling(&cb, ring, sizeof(ring));
 	check("LLWPCB grants CNH", cb.flags == LWP_CNH);
+	/* The control API's test starts its captures once both programs
+	 * say this: it meets them on progress, not on a clock. */
+	printf("  lwp-warm: sampling\n");
 	while (time(0) < end) {
 		warm_caller(8);
 		drain();

@@ -349,7 +349,8 @@ static int load_module(void)
 }
 
 /* The control API's profile test: /lwp-hot and /lwp-warm, two processes
- * sampling CNH side by side for `seconds`, then power-off. */
+ * sampling CNH side by side for `seconds` (each says when its loop runs),
+ * then power-off. */
 static void profile_programs(const char *seconds, char **envp)
 {
 	static const char *const names[] = { "/lwp-hot", "/lwp-warm" };

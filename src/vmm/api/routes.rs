@@ -8,7 +8,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
@@ -467,7 +467,7 @@ fn capture_stop(_: &Request, cx: &mut Context<'_>) -> Response {
         .take()
         .and_then(|id| cx.vm.recorder().finish_capture(id));
     match capture {
-        Some(c) => profile_response(c, cx.sysroot.clone()),
+        Some(c) => profile_response(c, cx.sysroot.clone(), cx.vm.recorder().sample_hz()),
         None => Response::fault(409, "no capture is running: PUT /capture/start begins one"),
     }
 }
@@ -515,17 +515,15 @@ fn pprof_profile(request: &Request, cx: &mut Context<'_>) -> Answer {
 /// ended).
 pub fn finish_profile(id: CaptureId, cx: &Context<'_>) -> Response {
     match cx.vm.recorder().finish_capture(id) {
-        Some(c) => profile_response(c, cx.sysroot.clone()),
+        Some(c) => profile_response(c, cx.sysroot.clone(), cx.vm.recorder().sample_hz()),
         None => Response::fault(500, "the capture was lost"),
     }
 }
 
-/// A capture as a gzipped pprof profile, its frames named from `sysroot`.
-fn profile_response(capture: Capture, sysroot: Option<Arc<Sysroot>>) -> Response {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
-    let profile = capture.profile(Resolver::new(None, sysroot), now);
+/// A capture as a gzipped pprof profile, its frames named from `sysroot`,
+/// its clock samples timed at `sample_hz`.
+fn profile_response(capture: Capture, sysroot: Option<Arc<Sysroot>>, sample_hz: u32) -> Response {
+    let profile = capture.profile(Resolver::new(None, sysroot), sample_hz);
     let mut body = Vec::new();
     match pprof::write(&profile, &mut body) {
         Ok(()) => Response::ok("application/octet-stream", body),
