@@ -59,6 +59,11 @@ fn main() -> ExitCode {
     // stdout from the vCPU threads meanwhile.
     match run(cli, &mut std::io::stdout()) {
         Ok(status) => ExitCode::from(status),
+        // The reader of our output went away (`lwpvmm cpuid | head -1`):
+        // that is the end of the output, not an error.
+        Err(lwpvmm::cli::CliError::Output(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             // A closed terminal must not turn an error into a panic.
             let _ = writeln!(std::io::stderr(), "lwpvmm: {e}");

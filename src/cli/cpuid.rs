@@ -23,7 +23,7 @@ pub fn print(
     }
     writeln!(
         out,
-        "CPUID for LWP profile `{profile}` ({guest:?} guest), as passed to KVM_SET_CPUID2 for vCPU 0"
+        "CPUID for LWP profile `{profile}` (`--guest {guest}`), as passed to KVM_SET_CPUID2 for vCPU 0"
     )?;
     writeln!(
         out,

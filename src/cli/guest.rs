@@ -134,7 +134,7 @@ pub fn demo(out: &mut dyn Write, profile: LwpProfile) -> Result<u8, CliError> {
     writeln!(out, "---")?;
     writeln!(
         out,
-        "lwpvmm demo: the VM ended ({:?}) after {:.1} ms (LWP profile `{profile}`)",
+        "lwpvmm demo: the VM ended ({}) after {:.1} ms (LWP profile `{profile}`)",
         outcome.end,
         elapsed.as_secs_f64() * 1e3
     )?;

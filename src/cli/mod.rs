@@ -100,8 +100,8 @@ pub struct RunArgs {
     /// bridges or routes it (README: "Disks and networks").
     #[arg(long = "net", value_name = "tap=NAME[,mac=MAC]", value_parser = devices::parse_net)]
     pub nets: Vec<NetConfig>,
-    /// Guest RAM in MiB.
-    #[arg(long, default_value_t = crate::vmm::config::DEFAULT_MEMORY_MIB)]
+    /// Guest RAM in MiB (`512`), or with a suffix (`512M`, `2G`).
+    #[arg(long, default_value_t = crate::vmm::config::DEFAULT_MEMORY_MIB, value_parser = parse_mib)]
     pub memory: u64,
     /// Number of vCPUs (1 to 254, the xAPIC limit).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=254))]
@@ -171,7 +171,7 @@ pub struct HostArgs {
     /// Also serve the read-only `GET /metrics` (Prometheus text) and
     /// `GET /debug/pprof/profile` over TCP on this address, e.g.
     /// 127.0.0.1:9100. Control endpoints stay on --api-sock.
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", value_parser = parse_listen)]
     pub api_listen: Option<std::net::SocketAddr>,
     /// The guest's files, a directory or the initramfs it booted, that
     /// name the frames of the API's profiles (with `run`, the
@@ -205,6 +205,40 @@ fn parse_size(text: &str) -> Result<u64, String> {
         .ok()
         .and_then(|n| n.checked_mul(1 << shift))
         .ok_or_else(|| format!("`{text}` is not a size (give bytes, or e.g. 512M or 2G)"))
+}
+
+/// A memory size in MiB: a plain number is MiB, a suffix (K, M, G, as for
+/// sizes) says the unit; whole MiB only.
+fn parse_mib(text: &str) -> Result<u64, String> {
+    if text.bytes().all(|b| b.is_ascii_digit()) {
+        return text
+            .parse()
+            .map_err(|_| format!("`{text}` is not a number of MiB"));
+    }
+    let bytes = parse_size(text).map_err(|_| {
+        format!("`{text}` is not a memory size (give MiB, e.g. 512, or 512M or 2G)")
+    })?;
+    if bytes % (1 << 20) != 0 {
+        return Err(format!("`{text}` is not a whole number of MiB"));
+    }
+    Ok(bytes >> 20)
+}
+
+/// A TCP address to listen on: `IP:PORT`, or `HOST:PORT` with a host name
+/// (`localhost:9100`), resolved now; the first address it resolves to.
+fn parse_listen(text: &str) -> Result<std::net::SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    if let Ok(addr) = text.parse() {
+        return Ok(addr);
+    }
+    let mut addrs = text.to_socket_addrs().map_err(|e| {
+        format!(
+            "`{text}` is not an address to listen on (give HOST:PORT, e.g. 127.0.0.1:9100): {e}"
+        )
+    })?;
+    addrs
+        .next()
+        .ok_or_else(|| format!("`{text}` resolves to no address"))
 }
 
 impl HostArgs {
@@ -277,8 +311,8 @@ pub struct ProfileArgs {
     /// Sampling kicks per second.
     #[arg(long, default_value_t = 1000)]
     pub sample_hz: u32,
-    /// Guest RAM in MiB.
-    #[arg(long, default_value_t = crate::vmm::config::DEFAULT_MEMORY_MIB)]
+    /// Guest RAM in MiB (`512`), or with a suffix (`512M`, `2G`).
+    #[arg(long, default_value_t = crate::vmm::config::DEFAULT_MEMORY_MIB, value_parser = parse_mib)]
     pub memory: u64,
     /// How many functions to list.
     #[arg(long, default_value_t = 20)]
@@ -490,6 +524,7 @@ pub fn exit_status(end: VmEnd) -> u8 {
         VmEnd::Guest(GuestEnd::ExitPort(value)) => (value << 1) | 1,
         VmEnd::Guest(GuestEnd::PowerOff) => 0,
         VmEnd::Guest(GuestEnd::Reboot) => REBOOT_STATUS,
+        VmEnd::Guest(GuestEnd::OutputClosed) => 0,
         VmEnd::Signal(signal) => 128u8.saturating_add(u8::try_from(signal).unwrap_or(0)),
         VmEnd::Stopped => 0,
     }
@@ -577,6 +612,12 @@ fn finish(outcome: RunOutcome) -> Result<u8, CliError> {
             std::io::stderr(),
             "lwpvmm: {} received: the VM was stopped; console, trace and metrics are written",
             signals::name(signal)
+        );
+    }
+    if let VmEnd::Guest(GuestEnd::OutputClosed) = outcome.end {
+        let _ = writeln!(
+            std::io::stderr(),
+            "lwpvmm: standard output was closed: the VM was stopped; trace and metrics are written"
         );
     }
     if !outcome.errors.is_empty() {

@@ -120,6 +120,11 @@ pub fn report(out: &mut dyn Write, args: &ReportArgs) -> Result<u8, CliError> {
     }
     let summary = summary?;
     warn_incomplete(&args.trace, &summary);
+    if args.sysroot.is_none() && args.symbols.is_none() && resolver.has_mappings() {
+        log::warn!(
+            "the trace names the guest's executable files, but without --sysroot their frames are addresses: give --sysroot DIR (the guest's files) or --sysroot INITRAMFS (the initramfs it booted)"
+        );
+    }
     if let Some(root) = &args.sysroot
         && !resolver.missing.is_empty()
     {

@@ -288,6 +288,16 @@ pub enum GuestLwpSupport {
     Stock,
 }
 
+impl fmt::Display for GuestLwpSupport {
+    /// The name `--guest` takes.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            GuestLwpSupport::Shim => "shim",
+            GuestLwpSupport::Stock => "stock",
+        })
+    }
+}
+
 /// A named LWP profile: what the guest is told and what the unit emulates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -336,6 +336,12 @@ impl Resolver {
         }
     }
 
+    /// Whether the guest reported mappings (a trace of a Linux guest with
+    /// the module), which only a sysroot names.
+    pub fn has_mappings(&self) -> bool {
+        !self.spaces.is_empty()
+    }
+
     /// The frame of `address` in the address space `cr3`.
     pub fn frame(&self, cr3: u64, address: u64) -> Frame {
         let mapped = self.spaces.get(&cr3).and_then(|maps| {

@@ -9,7 +9,7 @@
 //! that neither writing nor reading one grows without bound.
 
 use std::fs::File;
-use std::io::{self, BufRead, BufReader, BufWriter, Write};
+use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -151,6 +151,9 @@ pub enum TraceError {
         /// Why.
         source: io::Error,
     },
+    /// Not a regular file (a directory, a device, a FIFO).
+    #[error("{0}: not a regular file, so not an lwpvmm trace")]
+    NotRegular(PathBuf),
     /// A line is not what the format says.
     #[error("{path}:{line}: {reason}")]
     Format {
@@ -267,6 +270,9 @@ pub struct TraceSummary {
     pub cut_line: Option<usize>,
 }
 
+/// The longest header line read: a trace's is under 100 bytes.
+const HEADER_MAX: u64 = 4096;
+
 /// Trace format versions this lwpvmm reads: version 1 had no limit line,
 /// versions 1 and 2 no stacks.
 const READABLE_VERSIONS: [u32; 3] = [1, 2, TRACE_VERSION];
@@ -300,13 +306,34 @@ pub fn for_each_entry(
         line,
         reason,
     };
-    let mut input = BufReader::new(File::open(path).map_err(io_err)?);
-    let mut text = String::new();
-    if input.read_line(&mut text).map_err(io_err)? == 0 {
+    let file = File::open(path).map_err(io_err)?;
+    if !file.metadata().map_err(io_err)?.is_file() {
+        return Err(TraceError::NotRegular(path.to_owned()));
+    }
+    let mut input = BufReader::new(file);
+    // The header line, read as bytes and at most HEADER_MAX of them: a
+    // file that is not a trace may be binary, or one endless line.
+    let mut first = Vec::new();
+    Read::by_ref(&mut input)
+        .take(HEADER_MAX)
+        .read_until(b'\n', &mut first)
+        .map_err(io_err)?;
+    if first.is_empty() {
         return Err(format(1, "empty file: not an lwpvmm trace".into()));
     }
-    let header: TraceHeader = serde_json::from_str(text.trim_end())
-        .map_err(|e| format(1, format!("not an lwpvmm trace header: {e}")))?;
+    let text = std::str::from_utf8(&first).map_err(|_| {
+        format(
+            1,
+            "not an lwpvmm trace: its first line is not text (a binary file?); a trace starts with {\"lwpvmm_trace\": N, ...}".into(),
+        )
+    })?;
+    let header: TraceHeader = serde_json::from_str(text.trim_end()).map_err(|e| {
+        format(
+            1,
+            format!("not an lwpvmm trace: its first line is not a trace header ({e}); a trace starts with {{\"lwpvmm_trace\": N, ...}}"),
+        )
+    })?;
+    let mut text = String::new();
     if !READABLE_VERSIONS.contains(&header.lwpvmm_trace) {
         return Err(format(
             1,

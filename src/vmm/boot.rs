@@ -95,6 +95,11 @@ pub enum BootError {
         /// Why the bzImage loader refused it.
         bzimage: linux_loader::loader::Error,
     },
+    /// The image is for another architecture, or cannot run 64-bit.
+    #[error(
+        "the kernel {0}: lwpvmm boots x86-64 kernels (an ELF64 for x86-64, or a bzImage of a 64-bit kernel)"
+    )]
+    WrongArchitecture(String),
     /// The image did not fit in guest memory.
     #[error("cannot load the kernel ({0}): is guest memory large enough for it?")]
     KernelLoad(linux_loader::loader::Error),
@@ -262,8 +267,83 @@ fn check_complete(image: &[u8]) -> Result<(), BootError> {
     }
 }
 
+/// The ELF machines a kernel is most often built for, by `e_machine`.
+const ELF_MACHINES: &[(u16, &str)] = &[
+    (3, "i386 (32-bit x86)"),
+    (8, "MIPS"),
+    (20, "PowerPC"),
+    (21, "PowerPC64"),
+    (22, "s390"),
+    (40, "32-bit ARM"),
+    (62, "x86-64"),
+    (183, "arm64 (AArch64)"),
+    (243, "RISC-V"),
+    (258, "LoongArch"),
+];
+const EM_X86_64: u16 = 62;
+/// A bzImage's setup header: the boot protocol version and xloadflags.
+const SETUP_VERSION: usize = 0x206;
+const SETUP_XLOADFLAGS: usize = 0x236;
+/// xloadflags: the kernel has the 64-bit entry point at 0x200.
+const XLF_KERNEL_64: u16 = 1;
+/// An arm64 Image's magic ("ARM\x64" at offset 0x38).
+const ARM64_IMAGE_MAGIC: &[u8; 4] = b"ARM\x64";
+
+/// Refuses a kernel built for another machine or one that has no 64-bit
+/// entry, naming what it is, before a loader blames guest memory.
+fn check_architecture(image: &[u8]) -> Result<(), BootError> {
+    let wrong = |what: String| Err(BootError::WrongArchitecture(what));
+    if image.starts_with(b"\x7fELF") {
+        let class = match image.get(4) {
+            Some(1) => "32-bit",
+            Some(2) => "64-bit",
+            _ => "unknown-class",
+        };
+        let machine = image
+            .get(18..20)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+            .unwrap_or(0);
+        let name = ELF_MACHINES
+            .iter()
+            .find(|(m, _)| *m == machine)
+            .map_or_else(|| format!("machine {machine}"), |(_, n)| (*n).to_owned());
+        return match (machine, class) {
+            (EM_X86_64, "64-bit") => Ok(()),
+            _ => wrong(format!("is a {class} ELF for {name}")),
+        };
+    }
+    if image.get(0x38..0x3c) == Some(ARM64_IMAGE_MAGIC) {
+        return wrong("is an arm64 (AArch64) Image".into());
+    }
+    let header = image
+        .get(0x202..0x206)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+    if header == Some(KERNEL_HDR_MAGIC) {
+        let u16_at = |o: usize| {
+            image
+                .get(o..o + 2)
+                .map_or(0, |b| u16::from_le_bytes([b[0], b[1]]))
+        };
+        let version = u16_at(SETUP_VERSION);
+        if version < 0x020c {
+            return wrong(format!(
+                "is a bzImage of boot protocol {}.{:02}, older than 2.12: it says nothing of a 64-bit entry",
+                version >> 8,
+                version & 0xff
+            ));
+        }
+        if u16_at(SETUP_XLOADFLAGS) & XLF_KERNEL_64 == 0 {
+            return wrong(
+                "is a bzImage without a 64-bit entry (XLF_KERNEL_64 is clear in its setup header: a 32-bit kernel)".into(),
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Loads `image` (ELF first, bzImage when it is not an ELF).
 pub fn load_kernel(mem: &GuestMemory, image: &[u8]) -> Result<LoadedKernel, BootError> {
+    check_architecture(image)?;
     check_complete(image)?;
     let start = Some(GuestAddress(KERNEL_START));
     let elf = match Elf::load(mem, None, &mut Cursor::new(image), start) {
@@ -673,8 +753,48 @@ mod tests {
         img[0x206..0x208].copy_from_slice(&0x020Fu16.to_le_bytes());
         img[0x211] = KERNEL_LOADED_HIGH;
         img[0x214..0x218].copy_from_slice(&(KERNEL_START as u32).to_le_bytes());
+        img[SETUP_XLOADFLAGS] = XLF_KERNEL_64 as u8;
         img[5 * 512..].fill(0xC3);
         img
+    }
+
+    #[test]
+    fn kernels_for_other_machines_are_named() {
+        let elf = |class: u8, machine: u16| {
+            let mut h = vec![0u8; 64];
+            h[..4].copy_from_slice(b"\x7fELF");
+            h[4] = class;
+            h[5] = 1;
+            h[18..20].copy_from_slice(&machine.to_le_bytes());
+            h
+        };
+        let bz = |version: u16, flags: u8| {
+            let mut img = synthetic_bzimage();
+            img[SETUP_VERSION..SETUP_VERSION + 2].copy_from_slice(&version.to_le_bytes());
+            img[SETUP_XLOADFLAGS] = flags;
+            img
+        };
+        let mut arm64_image = vec![0u8; 0x1000];
+        arm64_image[0x38..0x3c].copy_from_slice(ARM64_IMAGE_MAGIC);
+        // (image, what the error says, or None when the check passes)
+        let table: Vec<(Vec<u8>, Option<&str>)> = vec![
+            (elf(2, 62), None),
+            (elf(2, 183), Some("is a 64-bit ELF for arm64 (AArch64)")),
+            (elf(1, 3), Some("is a 32-bit ELF for i386 (32-bit x86)")),
+            (elf(1, 62), Some("is a 32-bit ELF for x86-64")),
+            (elf(2, 999), Some("machine 999")),
+            (arm64_image, Some("is an arm64 (AArch64) Image")),
+            (bz(0x020f, 1), None),
+            (bz(0x020f, 0), Some("XLF_KERNEL_64 is clear")),
+            (bz(0x020a, 1), Some("boot protocol 2.10, older than 2.12")),
+        ];
+        for (image, want) in table {
+            match (check_architecture(&image), want) {
+                (Ok(()), None) => {}
+                (Err(e), Some(text)) => assert!(e.to_string().contains(text), "{e}"),
+                (got, want) => panic!("{want:?}: {got:?}"),
+            }
+        }
     }
 
     #[test]

@@ -661,6 +661,9 @@ impl Control {
             }
             (None, None) => VmEnd::Stopped,
         };
+        if !matches!(end, VmEnd::Signal(_)) {
+            log::info!("the VM ended: {end}");
+        }
         self.write_metrics(Some(end), &lwp, &mut errors);
         Ok(RunOutcome {
             end,

@@ -34,8 +34,13 @@ pub const POST_PORT: u16 = 0x80;
 /// writes the warm-reset code before it starts each application processor).
 const CMOS_INDEX_PORT: u16 = 0x70;
 const CMOS_DATA_PORT: u16 = 0x71;
-/// The keyboard controller's command port: 0xfe pulses the reset line,
-/// which is how Linux reboots with `reboot=k`.
+/// The keyboard controller (i8042), as an idle one with no keyboard: its
+/// data port reads 0, its status port reads 0 (no input waiting, nothing
+/// to read) so Linux's wait for an empty input buffer ends at once, other
+/// commands are dropped, and 0xfe pulses the reset line, which is how
+/// Linux reboots with `reboot=k` (a status of all ones made every reboot
+/// and panic spin for about 2 s with a warning per read).
+const KBD_DATA_PORT: u16 = 0x60;
 const KBD_COMMAND_PORT: u16 = 0x64;
 const KBD_RESET: u8 = 0xfe;
 /// The two 8259 PICs' ports. The machine has no PICs (ioapic.rs): writes
@@ -104,6 +109,21 @@ pub enum GuestEnd {
     /// It asked for a reboot (keyboard-controller reset or the power port).
     /// lwpvmm does not restart guests: the VM ends.
     Reboot,
+    /// Not the guest's doing: the console's reader went away (standard
+    /// output is a pipe whose other end closed, as with `| head`). The VM
+    /// ends cleanly, as on SIGHUP, with its trace and metrics written.
+    OutputClosed,
+}
+
+impl std::fmt::Display for GuestEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GuestEnd::ExitPort(v) => write!(f, "the guest wrote {v} to the exit port"),
+            GuestEnd::PowerOff => f.write_str("the guest powered off"),
+            GuestEnd::Reboot => f.write_str("the guest asked for a reboot"),
+            GuestEnd::OutputClosed => f.write_str("standard output was closed"),
+        }
+    }
 }
 
 /// What a port access asks of the vCPU loop.
@@ -234,11 +254,18 @@ impl PortBus {
                 PmAction::PowerOff => PortAction::End(GuestEnd::PowerOff),
                 PmAction::UnsupportedSleep(typ) => PortAction::UnsupportedSleep(typ),
             },
-            SERIAL_BASE..=0x3ff => {
-                // A failed trigger or write only loses console output.
-                let _ = self.serial.write((port - SERIAL_BASE) as u8, value);
-                PortAction::Handled
-            }
+            SERIAL_BASE..=0x3ff => match self.serial.write((port - SERIAL_BASE) as u8, value) {
+                // Nobody reads the console any more: the end of the output
+                // is the end of the run.
+                Err(vm_superio::serial::Error::IOError(e))
+                    if e.kind() == io::ErrorKind::BrokenPipe =>
+                {
+                    PortAction::End(GuestEnd::OutputClosed)
+                }
+                // Any other failed trigger or write only loses console
+                // output.
+                _ => PortAction::Handled,
+            },
             EXIT_PORT => PortAction::End(GuestEnd::ExitPort(value)),
             POST_PORT | CMOS_INDEX_PORT | CMOS_DATA_PORT => PortAction::Handled,
             p if Pit::claims(p) => {
@@ -247,6 +274,7 @@ impl PortBus {
             }
             p if PIC_PORTS.contains(&p) => PortAction::Handled,
             KBD_COMMAND_PORT if value == KBD_RESET => PortAction::End(GuestEnd::Reboot),
+            KBD_COMMAND_PORT | KBD_DATA_PORT => PortAction::Handled,
             POWER_PORT => match PowerOp::try_from(value) {
                 Ok(PowerOp::Off) => PortAction::End(GuestEnd::PowerOff),
                 Ok(PowerOp::Reboot) => PortAction::End(GuestEnd::Reboot),
@@ -260,7 +288,7 @@ impl PortBus {
     /// An IN: unclaimed ports read as all ones, as on a PC bus.
     pub fn read(&mut self, port: u16, data: &mut [u8]) -> PortAction {
         match port {
-            CMOS_DATA_PORT => {
+            CMOS_DATA_PORT | KBD_DATA_PORT | KBD_COMMAND_PORT => {
                 data.fill(0);
                 PortAction::Handled
             }
@@ -325,7 +353,8 @@ mod tests {
             (0x5e, 1, PortAction::End(GuestEnd::Reboot)),
             (0x5e, 2, PortAction::Unclaimed),
             (0x64, 0xfe, PortAction::End(GuestEnd::Reboot)),
-            (0x64, 0xad, PortAction::Unclaimed),
+            (0x64, 0xad, PortAction::Handled),
+            (0x60, 0xf4, PortAction::Handled),
             (0x70, 0x0a, PortAction::Handled),
             (0x71, 0x0a, PortAction::Handled),
             (0x5c, 0, PortAction::UdDoorbell),
@@ -368,6 +397,9 @@ mod tests {
             (0x21, 0xff),
             (0xa0, 0xff),
             (0xa1, 0xff),
+            // The idle i8042: nothing to read, input buffer empty.
+            (0x60, 0),
+            (0x64, 0),
         ] {
             let mut d = [0x5au8; 1];
             assert_eq!(bus.read(port, &mut d), PortAction::Handled, "{port:#x}");

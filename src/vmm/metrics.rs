@@ -11,19 +11,23 @@ use serde::Serialize;
 use crate::lwp::fault::{GuestFault, PF_PRESENT, PF_RESERVED};
 
 macro_rules! counters {
-    ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
+    ($($(#[doc = $doc:literal])* $name:ident),* $(,)?) => {
         /// One vCPU's live counters, updated by its thread.
         #[derive(Debug, Default)]
         pub struct VcpuMetrics {
-            $($(#[$doc])* pub $name: AtomicU64,)*
+            $($(#[doc = $doc])* pub $name: AtomicU64,)*
         }
 
         /// The counters' values at one moment (one vCPU's, or a VM's
         /// totals).
         #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
         pub struct Counters {
-            $($(#[$doc])* pub $name: u64,)*
+            $($(#[doc = $doc])* pub $name: u64,)*
         }
+
+        /// Each counter's name and its documentation, for Prometheus's
+        /// `# HELP` lines.
+        const HELP: &[(&str, &str)] = &[$((stringify!($name), concat!($($doc),*)),)*];
 
         impl VcpuMetrics {
             /// The values now.
@@ -86,21 +90,20 @@ counters! {
     snapshots,
     /// MMIO exits (virtio registers; queue notifications do not exit).
     exits_mmio,
-    /// virtio block reads, writes and flushes completed (the device
-    /// counters are counted on vCPU 0). A flush counts once fdatasync
-    /// returned.
+    /// virtio block reads completed (the device counters are counted on
+    /// vCPU 0).
     disk_reads,
-    /// ...
+    /// virtio block writes completed.
     disk_writes,
-    /// ...
+    /// virtio block flushes completed (counted once fdatasync returned).
     disk_flushes,
-    /// Frames the network devices handed to the guest and took from it.
+    /// Frames the network devices handed to the guest.
     net_rx_frames,
-    /// ...
+    /// Frames the network devices took from the guest.
     net_tx_frames,
-    /// Frames dropped: a receive buffer too small, a tap that refused one.
+    /// Frames for the guest dropped: a receive buffer too small.
     net_rx_dropped,
-    /// ...
+    /// Frames from the guest dropped: a tap that refused one.
     net_tx_dropped,
     /// Requests a device could not make sense of (malformed chains,
     /// out-of-range sectors, queues outside RAM).
@@ -132,12 +135,14 @@ counters! {
     trace_dropped,
     /// LWP instructions and state calls refused with #PF, page not present.
     denied_not_present,
-    /// ... with #PF, a protection check (user/supervisor, read-only, NX,
-    /// protection key).
+    /// LWP instructions and state calls refused with #PF, a protection
+    /// check (user/supervisor, read-only, NX, protection key).
     denied_protection,
-    /// ... with #PF, a reserved bit in a paging entry.
+    /// LWP instructions and state calls refused with #PF, a reserved bit
+    /// in a paging entry.
     denied_reserved_bit,
-    /// ... with #GP(0) (non-canonical, wrapping, not RAM, invalid block).
+    /// LWP instructions and state calls refused with #GP(0)
+    /// (non-canonical, wrapping, not RAM, invalid block).
     denied_gp,
 }
 
@@ -203,6 +208,13 @@ impl VmCounters {
             } else {
                 (format!("lwpvmm_{name}_total"), "counter")
             };
+            let help = HELP
+                .iter()
+                .find(|(n, _)| n == name)
+                .map_or(String::new(), |(_, h)| {
+                    h.split_whitespace().collect::<Vec<_>>().join(" ")
+                });
+            out.push_str(&format!("# HELP {series} {help}\n"));
             out.push_str(&format!("# TYPE {series} {kind}\n"));
             for (id, map) in vcpus.iter().enumerate() {
                 let value = map.get(name).and_then(serde_json::Value::as_u64);
@@ -244,6 +256,7 @@ mod tests {
         a.step_backend_trap_flag.store(1, Ordering::Relaxed);
         let text = VmCounters::of(&[a, b]).prometheus();
         for line in [
+            "# HELP lwpvmm_lwpins_total LWPINS executed.",
             "# TYPE lwpvmm_lwpins_total counter",
             "lwpvmm_lwpins_total{vcpu=\"0\"} 0",
             "lwpvmm_lwpins_total{vcpu=\"1\"} 4",
@@ -251,6 +264,20 @@ mod tests {
             "lwpvmm_step_backend_trap_flag{vcpu=\"0\"} 1",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+        }
+        // Every series has help text (Prometheus shows it beside the
+        // series), taken from the counter's documentation.
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, l) in lines
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.starts_with("# TYPE"))
+        {
+            let help = lines[i - 1];
+            assert!(
+                help.starts_with("# HELP") && help.len() > "# HELP lwpvmm_x_total ".len() + 5,
+                "{help} before {l}"
+            );
         }
         assert!(VmCounters::default().prometheus().is_empty());
     }

@@ -111,6 +111,20 @@ pub enum SnapshotError {
     /// A snapshot file is not a regular file.
     #[error("{0}: not a regular file (a snapshot's files are regular files)")]
     NotRegular(PathBuf),
+    /// The directory holds the numbered snapshots of `--snapshot-diff`,
+    /// not a snapshot of its own.
+    #[error(
+        "{} holds no {STATE_FILE}: it holds the --snapshot-diff snapshots {}; restore one of them (the newest is {})",
+        .dir.display(),
+        .numbered.iter().map(|n| format!("{n}")).collect::<Vec<_>>().join(", "),
+        .dir.join(.numbered.last().map_or(0, |n| *n).to_string()).display()
+    )]
+    NumberedSnapshots {
+        /// The directory.
+        dir: PathBuf,
+        /// The numbers of its snapshot subdirectories, in order.
+        numbered: Vec<u64>,
+    },
     /// A diff snapshot's chain of parents comes back to itself.
     #[error("the chain of diff snapshots loops: {0} is its own ancestor")]
     Loop(PathBuf),
@@ -413,6 +427,22 @@ pub struct Link {
 /// and inode) or is longer than [`MAX_CHAIN`] is refused. Only one
 /// parent's state is held at a time: [`read_link`] reads it again.
 pub fn chain(dir: &Path) -> Result<(VmSnapshot, u64, Vec<Link>), SnapshotError> {
+    if !dir.join(STATE_FILE).exists() {
+        let mut numbered: Vec<u64> = std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.path().join(STATE_FILE).is_file())
+            .filter_map(|e| e.file_name().to_str()?.parse().ok())
+            .collect();
+        numbered.sort_unstable();
+        if !numbered.is_empty() {
+            return Err(SnapshotError::NumberedSnapshots {
+                dir: dir.to_owned(),
+                numbered,
+            });
+        }
+    }
     let (first, crc, identity) = read_state_file(dir)?;
     let mut seen = HashSet::from([identity]);
     let mut links: Vec<Link> = Vec::new();
@@ -1040,6 +1070,29 @@ mod tests {
         // refused either as a replaced parent or as a loop, never looped.
         write_state(&a, &with_parent(&b, crc_b)).unwrap();
         assert!(chain(&a).is_err());
+        std::fs::remove_dir_all(root).unwrap();
+    }
+
+    /// `restore DIR` of a --snapshot-diff directory names the snapshots in
+    /// it.
+    #[test]
+    fn a_directory_of_numbered_snapshots_is_named() {
+        let root =
+            std::env::temp_dir().join(format!("lwpvmm-snap-numbered-{}", std::process::id()));
+        for n in ["0", "1", "10", "2"] {
+            std::fs::create_dir_all(root.join(n)).unwrap();
+            write_state(&root.join(n), &sample()).unwrap();
+        }
+        std::fs::create_dir_all(root.join("other")).unwrap();
+        let err = chain(&root).unwrap_err().to_string();
+        assert!(
+            err.contains("holds the --snapshot-diff snapshots 0, 1, 2, 10"),
+            "{err}"
+        );
+        assert!(
+            err.ends_with(&format!("the newest is {})", root.join("10").display())),
+            "{err}"
+        );
         std::fs::remove_dir_all(root).unwrap();
     }
 

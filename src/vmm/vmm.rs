@@ -44,6 +44,16 @@ pub enum VmEnd {
     Stopped,
 }
 
+impl std::fmt::Display for VmEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            VmEnd::Guest(end) => end.fmt(f),
+            VmEnd::Signal(signal) => write!(f, "{} received", super::signals::name(*signal)),
+            VmEnd::Stopped => f.write_str("stopped through the API or a VmmHandle"),
+        }
+    }
+}
+
 /// How a VM ended.
 #[derive(Debug, Clone)]
 pub struct RunOutcome {
@@ -105,6 +115,7 @@ pub fn metrics_document<'a>(
         VmEnd::Guest(GuestEnd::ExitPort(value)) => serde_json::json!({ "exit_port": value }),
         VmEnd::Guest(GuestEnd::PowerOff) => serde_json::json!("power_off"),
         VmEnd::Guest(GuestEnd::Reboot) => serde_json::json!("reboot"),
+        VmEnd::Guest(GuestEnd::OutputClosed) => serde_json::json!("output_closed"),
         VmEnd::Signal(signal) => serde_json::json!({ "signal": signal }),
         VmEnd::Stopped => serde_json::json!("stopped"),
     });

@@ -151,6 +151,9 @@ pub struct Response {
     pub body: Vec<u8>,
     /// For 405: the methods the path takes.
     pub allow: Option<&'static str>,
+    /// The answer to a HEAD request: the head alone (Content-Length still
+    /// says what GET's body would be).
+    pub head_only: bool,
 }
 
 /// A fault's body, as Firecracker's API writes it.
@@ -170,6 +173,7 @@ impl Response {
                     content_type: "application/json",
                     body,
                     allow: None,
+                    head_only: false,
                 }
             }
             Err(e) => Response::fault(500, &format!("cannot encode the answer: {e}")),
@@ -187,6 +191,7 @@ impl Response {
             content_type: "application/json",
             body,
             allow: None,
+            head_only: false,
         }
     }
 
@@ -197,6 +202,7 @@ impl Response {
             content_type: "",
             body: Vec::new(),
             allow: None,
+            head_only: false,
         }
     }
 
@@ -207,6 +213,7 @@ impl Response {
             content_type,
             body,
             allow: None,
+            head_only: false,
         }
     }
 
@@ -232,7 +239,9 @@ impl Response {
         }
         head.push_str("\r\n");
         let mut out = head.into_bytes();
-        out.extend_from_slice(&self.body);
+        if !self.head_only {
+            out.extend_from_slice(&self.body);
+        }
         out
     }
 }

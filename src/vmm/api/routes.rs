@@ -177,6 +177,21 @@ pub fn route(request: &Request, origin: Origin, cx: &mut Context<'_>) -> Answer 
         )
         .into();
     }
+    // HEAD is GET without the body, for the read-only GETs (a monitor's
+    // probe of /metrics); never a capture.
+    if request.method == "HEAD"
+        && let Some(get) = at_path
+            .iter()
+            .find(|e| e.method == "GET" && e.path != "/debug/pprof/profile")
+    {
+        return match (get.answer)(request, cx) {
+            Answer::Now(mut r) => {
+                r.head_only = true;
+                Answer::Now(r)
+            }
+            other => other,
+        };
+    }
     match at_path.iter().find(|e| e.method == request.method) {
         Some(endpoint) => (endpoint.answer)(request, cx),
         None => {
@@ -688,6 +703,9 @@ mod tests {
                 200,
                 "# TYPE lwpvmm_lwpins_total counter",
             ),
+            // A monitor's probe: the head of GET's answer, nothing else.
+            (Tcp, "HEAD", "/metrics", "", 200, ""),
+            (Tcp, "HEAD", "/debug/pprof/profile", "", 405, "takes GET"),
             (
                 Tcp,
                 "PATCH",
@@ -813,6 +831,13 @@ mod tests {
             let shown = String::from_utf8_lossy(&answer.body);
             assert_eq!(answer.status, status, "{origin:?} {method} {path}: {shown}");
             assert!(shown.contains(text), "{origin:?} {method} {path}: {shown}");
+            let wire = answer.to_bytes();
+            let head_only = method == "HEAD" && status == 200;
+            assert_eq!(
+                wire.ends_with(b"\r\n\r\n"),
+                head_only || answer.body.is_empty(),
+                "{method} {path}: a HEAD answer has no body, others theirs"
+            );
         }
     }
 
