@@ -313,6 +313,150 @@ fn user_signals_and_a_second_sigint() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// What a new user gets wrong, each answered with what is wrong: a kernel
+/// for another machine, a file that is not a trace, a snapshot directory
+/// of diffs; and what a user writes as elsewhere (`--memory 64M`,
+/// `--api-listen localhost:PORT`) is taken.
+#[test]
+fn a_new_users_inputs_are_answered() {
+    require_kvm();
+    let dir = std::env::temp_dir().join(format!("lwpvmm-inputs-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("snaps/0")).unwrap();
+    let mut arm64 = vec![0u8; 64];
+    arm64[..4].copy_from_slice(b"\x7fELF");
+    (arm64[4], arm64[5], arm64[18]) = (2, 1, 183);
+    std::fs::write(dir.join("arm64.elf"), &arm64).unwrap();
+    std::fs::write(dir.join("bin.trace"), [0u8, 0xff, 0xfe, 1]).unwrap();
+    std::fs::write(dir.join("snaps/0/state.bin"), b"x").unwrap();
+    let minimal = dir.join("minimal.elf");
+    std::fs::write(&minimal, lwpvmm::guests::get("minimal").unwrap()).unwrap();
+    let p = |name: &str| dir.join(name).display().to_string();
+    let minimal = minimal.display().to_string();
+    // (arguments, exit status, text on standard error)
+    let table: Vec<(Vec<String>, i32, &str)> = vec![
+        (
+            vec!["run".into(), "--kernel".into(), p("arm64.elf")],
+            2,
+            "is a 64-bit ELF for arm64 (AArch64): lwpvmm boots x86-64 kernels",
+        ),
+        (
+            vec!["report".into(), p("bin.trace")],
+            2,
+            "not an lwpvmm trace",
+        ),
+        (
+            vec!["restore".into(), p("snaps")],
+            2,
+            "holds the --snapshot-diff snapshots 0",
+        ),
+        (
+            vec![
+                "run".into(),
+                "--kernel".into(),
+                minimal.clone(),
+                "--memory".into(),
+                "64M".into(),
+                "--api-listen".into(),
+                "localhost:0".into(),
+            ],
+            1,
+            "",
+        ),
+        (
+            vec![
+                "run".into(),
+                "--kernel".into(),
+                minimal,
+                "--memory".into(),
+                "64Q".into(),
+            ],
+            2,
+            "`64Q` is not a memory size",
+        ),
+    ];
+    for (args, status, text) in table {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = lwpvmm(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(status), "{args:?}: {err}");
+        assert!(err.contains(text), "{args:?}: {err}");
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// `RUST_LOG=lwpvmm=info` says why the VM ended, as the README says.
+#[test]
+fn info_logging_says_why_the_vm_ended() {
+    require_kvm();
+    let kernel = std::env::temp_dir().join(format!("lwpvmm-why-{}.elf", std::process::id()));
+    std::fs::write(&kernel, lwpvmm::guests::get("minimal").unwrap()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
+        .args(["run", "--kernel"])
+        .arg(&kernel)
+        .env("RUST_LOG", "lwpvmm=info")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("the VM ended: the guest wrote 0 to the exit port"),
+        "{err}"
+    );
+    let _ = std::fs::remove_file(kernel);
+}
+
+/// A reader that goes away ends the output, not in an error: `cpuid |
+/// head -1` ends 0, and a run whose console nobody reads any more stops
+/// cleanly, with its metrics written.
+#[test]
+fn a_closed_standard_output_ends_the_output() {
+    require_kvm();
+    use std::io::BufRead;
+    let closed = std::process::Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
+        .arg("cpuid")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .map(|mut c| {
+            drop(c.stdout.take());
+            c.wait_with_output().unwrap()
+        })
+        .unwrap();
+    assert_eq!(closed.status.code(), Some(0), "{closed:?}");
+    let dir = std::env::temp_dir().join(format!("lwpvmm-epipe-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let kernel = dir.join("replay.elf");
+    std::fs::write(&kernel, lwpvmm::guests::get("replay").unwrap()).unwrap();
+    let metrics = dir.join("m.json");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
+        .args(["run", "--kernel"])
+        .arg(&kernel)
+        .args([
+            "--memory",
+            "64",
+            "--cmdline",
+            "iterations=1000000000",
+            "--metrics",
+        ])
+        .arg(&metrics)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    drop(stdout);
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("standard output was closed: the VM was stopped"),
+        "{err}"
+    );
+    let m: serde_json::Value = serde_json::from_slice(&std::fs::read(&metrics).unwrap()).unwrap();
+    assert_eq!(m["end"], "output_closed", "{m}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 /// `report` refuses what it cannot honour and reports what it can: an
 /// unknown EventId, a flamegraph with no samples (nothing is written), and
 /// a trace whose last line a killed run cut short (a warning, and the

@@ -1,8 +1,6 @@
 /* An example for `lwpvmm profile`: a freestanding program with three
- * functions doing 1, 3 and 6 units of work. Build it like build.rs does:
- *   gcc -m64 -O2 -ffreestanding -fno-pic -fno-pie -mno-red-zone \
- *       -fno-stack-protector -c hot.c && ld -T program.ld -o hot.elf hot.o
- * and run `lwpvmm profile hot.elf`: `hot` should lead the report. */
+ * functions doing 1, 3 and 6 units of work. README.md ("Profile your own
+ * program") says how to build and run it: `hot` should lead the report. */
 
 typedef unsigned long long u64;
 

@@ -44,7 +44,8 @@ need_packages() {
     [ "$(id -u)" -eq 0 ] || SUDO="sudo"
     $SUDO apt-get update -qq
     # shellcheck disable=SC2086
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
+    # Waits for another apt-get's dpkg lock instead of failing at once.
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get -o DPkg::Lock::Timeout=600 install -y -qq $missing >/dev/null
 }
 
 need_packages
@@ -65,7 +66,7 @@ if [ -f "$OUT/vmlinux" ] && [ -f "$OUT/lwpvmm.ko" ] && [ -f "$SUPPORT/gen_init_c
     [ "$(cat "$OUT/vmlinux.key" 2>/dev/null)" = "$KEY" ]; then
     log "kernel $KEY is cached"
 else
-    log "building kernel $KEY (about 90 s on 2 cores)"
+    log "building kernel $KEY (minutes the first time: docs/linux-guest.md, \"Building it\")"
     rm -rf "$TREE" "$SUPPORT" "$OUT/vmlinux" "$OUT/vmlinux.key" "$OUT/lwpvmm.ko"
     tar xf "$TARBALL" -C "$OUT"
     for p in "$HERE"/patches/*.patch; do

@@ -20,7 +20,7 @@ if [ -z "$KDIR" ]; then
     SUDO=""
     [ "$(id -u)" -eq 0 ] || SUDO="sudo"
     $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq linux-headers-amd64 >/dev/null
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get -o DPkg::Lock::Timeout=600 install -y -qq linux-headers-amd64 >/dev/null
     KDIR=$(headers)
 fi
 case $KDIR in

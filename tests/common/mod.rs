@@ -206,14 +206,26 @@ pub fn linux() -> &'static PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("linux");
+        let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("linux-build.log");
         let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("resources/linux/build.sh");
+        // Straight to standard error, past the test harness's capture: a
+        // first build takes minutes, and the person waiting should know.
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "tests: building (or checking) the Linux guest with resources/linux/build.sh into {}: minutes the first time (docs/linux-guest.md); its log: {}",
+            dir.display(),
+            log.display()
+        );
         let out = Command::new(&script)
             .arg(&dir)
             .output()
             .expect("run resources/linux/build.sh");
+        let _ = std::fs::write(&log, [&out.stdout[..], &out.stderr[..]].concat());
         assert!(
             out.status.success(),
-            "resources/linux/build.sh failed:\n{}",
+            "resources/linux/build.sh failed (log: {}):\n{}",
+            log.display(),
             String::from_utf8_lossy(&out.stderr)
         );
         dir
