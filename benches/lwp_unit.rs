@@ -8,6 +8,9 @@
 //! one with a 4 KiB ring, and LLWPCB with a 64 KiB ring against one 32-byte
 //! `write_obj`.
 
+// A benchmark: a failed setup or expectation stops it with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::hint::black_box;

@@ -30,6 +30,9 @@
 //! guest's RDTSC, so the ratios do not depend on the TSC frequency. QEMU
 //! comes from `apt-get install qemu-system-x86`.
 
+// A benchmark: a failed setup or expectation stops it with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::io::{BufRead, BufReader};

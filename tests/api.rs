@@ -5,6 +5,9 @@
 //! without its answer), checks the TCP listener refuses control endpoints,
 //! and that a second lwpvmm refuses the same socket path.
 
+// A test: a failed setup or expectation stops it with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::io::{Read, Write};

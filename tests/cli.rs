@@ -1,25 +1,18 @@
 //! The `lwpvmm` binary as a user runs it.
 
-use std::process::{Command, Output};
+// A test: a failed setup or expectation stops it with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-fn lwpvmm(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
-        .args(args)
-        .output()
-        .expect("run lwpvmm")
-}
+mod common;
+
+use std::process::Command;
+
+use common::{lwpvmm, require_kvm};
 
 fn leaf(entries: &[serde_json::Value], leaf: u64) -> Option<[u64; 4]> {
     let e = entries.iter().find(|e| e["leaf"] == leaf)?;
     assert_eq!(e["subleaf"], 0);
     Some(["eax", "ebx", "ecx", "edx"].map(|r| e[r].as_u64().expect("JSON integer")))
-}
-
-fn require_kvm() {
-    assert!(
-        std::path::Path::new("/dev/kvm").exists(),
-        "these tests need /dev/kvm (lwpvmm cpuid asks KVM for its supported CPUID); it is missing"
-    );
 }
 
 #[test]
@@ -174,6 +167,26 @@ fn wait_for(path: &std::path::Path, text: &str, child: &mut std::process::Child)
     }
 }
 
+/// A scratch directory named for `what` holding the replay guest, and the
+/// guest's path.
+fn replay_in(what: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("lwpvmm-{what}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let kernel = dir.join("replay.elf");
+    std::fs::write(&kernel, lwpvmm::guests::get("replay").unwrap()).unwrap();
+    (dir, kernel)
+}
+
+/// Sends SIG`name` to `child`.
+fn signal(child: &std::process::Child, name: &str) {
+    let sent = std::process::Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(child.id().to_string())
+        .status()
+        .unwrap();
+    assert!(sent.success());
+}
+
 /// SIGINT and SIGTERM stop the VM at once and cleanly: the console (to a
 /// file, written through line by line while the VM runs: the test waits for
 /// a line in it), the trace and the metrics are all there, one line says
@@ -181,16 +194,13 @@ fn wait_for(path: &std::path::Path, text: &str, child: &mut std::process::Child)
 #[test]
 fn signals_stop_the_vm_cleanly() {
     require_kvm();
-    let dir = std::env::temp_dir().join(format!("lwpvmm-signals-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let kernel = dir.join("replay.elf");
-    std::fs::write(&kernel, lwpvmm::guests::get("replay").unwrap()).unwrap();
+    let (dir, kernel) = replay_in("signals");
     // (signal, its number)
-    for (signal, number) in [("INT", 2), ("TERM", 15), ("HUP", 1)] {
+    for (signal_name, number) in [("INT", 2), ("TERM", 15), ("HUP", 1)] {
         let (console, trace, metrics) = (
-            dir.join(format!("{signal}.console")),
-            dir.join(format!("{signal}.trace")),
-            dir.join(format!("{signal}.json")),
+            dir.join(format!("{signal_name}.console")),
+            dir.join(format!("{signal_name}.trace")),
+            dir.join(format!("{signal_name}.json")),
         );
         let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
             .args(["run", "--kernel"])
@@ -207,17 +217,12 @@ fn signals_stop_the_vm_cleanly() {
             .unwrap();
         // Iteration 1000 reached: LWPVAL records are stored.
         wait_for(&console, "replay: step 1000", &mut child);
-        let kill = std::process::Command::new("kill")
-            .arg(format!("-{signal}"))
-            .arg(child.id().to_string())
-            .status()
-            .unwrap();
-        assert!(kill.success());
+        signal(&child, signal_name);
         let out = child.wait_with_output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(128 + number), "SIG{signal}: {err}");
+        assert_eq!(out.status.code(), Some(128 + number), "SIG{signal_name}: {err}");
         assert!(
-            err.contains(&format!("SIG{signal} received: the VM was stopped")),
+            err.contains(&format!("SIG{signal_name} received: the VM was stopped")),
             "{err}"
         );
         let m: serde_json::Value =
@@ -241,18 +246,7 @@ fn signals_stop_the_vm_cleanly() {
 #[test]
 fn user_signals_and_a_second_sigint() {
     require_kvm();
-    let dir = std::env::temp_dir().join(format!("lwpvmm-usr-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let kernel = dir.join("replay.elf");
-    std::fs::write(&kernel, lwpvmm::guests::get("replay").unwrap()).unwrap();
-    let signal = |child: &std::process::Child, name: &str| {
-        let sent = std::process::Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(child.id().to_string())
-            .status()
-            .unwrap();
-        assert!(sent.success());
-    };
+    let (dir, kernel) = replay_in("usr");
     // (with --metrics, what the run's standard error then says)
     let table = [
         (
@@ -421,10 +415,7 @@ fn a_closed_standard_output_ends_the_output() {
         })
         .unwrap();
     assert_eq!(closed.status.code(), Some(0), "{closed:?}");
-    let dir = std::env::temp_dir().join(format!("lwpvmm-epipe-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let kernel = dir.join("replay.elf");
-    std::fs::write(&kernel, lwpvmm::guests::get("replay").unwrap()).unwrap();
+    let (dir, kernel) = replay_in("epipe");
     let metrics = dir.join("m.json");
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
         .args(["run", "--kernel"])

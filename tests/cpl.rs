@@ -6,6 +6,9 @@
 //! evidence, so it drives KVM directly: a bare VM, the `cplprobe` guest, and
 //! the segment registers at each of its marks on the POST port.
 
+// A test: a failed setup or expectation stops it with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use kvm_ioctls::{Kvm, VcpuExit};
 use lwpvmm::vmm::boot;
 use lwpvmm::vmm::privilege::cpl;

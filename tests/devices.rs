@@ -9,6 +9,9 @@
 //! rights to create a network namespace and a tap (root); each fails with a
 //! message saying what is missing.
 
+// A test: a failed setup or expectation stops it with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::fs;
@@ -41,7 +44,7 @@ fn path(p: &Path) -> &str {
 }
 
 /// Runs `lwpvmm run` on the guest kernel with `args`.
-fn lwpvmm(prefix: &[&str], args: &[&str]) -> (Output, Console) {
+fn linux_with(prefix: &[&str], args: &[&str]) -> (Output, Console) {
     require_kvm();
     let kernel = linux().join("vmlinux");
     let mut command = match prefix.split_first() {
@@ -90,7 +93,7 @@ fn the_selftest_booted_from_a_disk_passes_and_leaves_its_result_on_it() {
         "a fresh image has no result"
     );
     let metrics = dir.join("metrics.json");
-    let (out, console) = lwpvmm(&[], &["--disk", path(&root), "--metrics", path(&metrics)]);
+    let (out, console) = linux_with(&[], &["--disk", path(&root), "--metrics", path(&metrics)]);
     assert_eq!(out.status.code(), Some(0), "{console}");
     assert!(
         console.contains("virtio_mmio.device=4K@0xd0000000:5"),
@@ -152,7 +155,7 @@ fn a_snapshot_taken_during_disk_io_restores_and_a_read_only_disk_refuses_writes(
     let snap = dir.join("snapshot");
     let cmdline = format!("{} lwpdisk=check,ro", disk_cmdline(false));
     let ro_arg = format!("{},ro", path(&ro));
-    let (out, console) = lwpvmm(
+    let (out, console) = linux_with(
         &[],
         &[
             "--disk",

@@ -4,6 +4,9 @@
 //! campaign that starts from nothing. (CI also compares each target's
 //! coverage on its corpus with the floor in fuzz/corpus/FLOORS.)
 
+// A test: a failed setup or expectation stops it with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::Path;
 
 use lwpvmm::vmm::snapshot::{FORMAT_VERSION, MAGIC, decode};

@@ -2,6 +2,9 @@
 //! every rejection path, pages straddling regions, large pages, A/D bits and
 //! a self-referencing page table. No KVM needed.
 
+// A test: a failed setup or expectation stops it with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use lwpvmm::guard::pagetable::{PageSize, PageTables, PteFlags};
 use lwpvmm::guard::paging::{entry_at, is_canonical};
 use lwpvmm::guard::{Access, GuardError, GuestMemory, GuestView, Level, Paging, PagingCaps};

@@ -13,6 +13,9 @@
 //! These tests need /dev/kvm and fail, loudly, where it is missing; building
 //! the kernel needs the packages build.sh installs (apt-get, as root).
 
+// A test: a failed setup or expectation stops it with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::process::{Command, Output};

@@ -9,6 +9,9 @@
 //! A custom harness: it prints `seccomp: N passed, M failed` and exits
 //! non-zero when a case fails.
 
+// A test: a failed setup or expectation stops it with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::os::unix::io::AsRawFd;
 use std::process::Command;
 

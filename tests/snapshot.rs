@@ -5,32 +5,24 @@
 //! nothing runs. No test waits on a timer: SIGUSR2 is sent once lwpvmm says
 //! it is ready.
 
+// A test: a failed setup or expectation stops it with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use lwpvmm::lwp::cpuid::LwpProfile;
 use lwpvmm::lwp::unit::LwpUnit;
+use common::{lwpvmm, require_kvm};
 use lwpvmm::vmm::snapshot::{self, MEMORY_FILE, STATE_FILE};
 
 /// The replay guest's length, and where it asks for a snapshot (a port
 /// write, unclaimed without --snapshot-on-port).
 const ITERATIONS: &str = "iterations=30000 snap=15000";
 
-fn require_kvm() {
-    assert!(
-        Path::new("/dev/kvm").exists(),
-        "this test boots a VM and needs /dev/kvm, which is missing on this machine"
-    );
-}
-
-fn lwpvmm(args: &[&str]) -> Output {
-    require_kvm();
-    Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
-        .args(args)
-        .output()
-        .expect("run lwpvmm")
-}
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!(

@@ -5,18 +5,15 @@
 //! fails these tests. The Linux guest's run on a terminal is in
 //! tests/linux.rs.
 
+// A test: a failed setup or expectation stops it with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::path::PathBuf;
 
-use common::on_terminal;
+use common::{on_terminal, require_kvm};
 
-fn require_kvm() {
-    assert!(
-        std::path::Path::new("/dev/kvm").exists(),
-        "these tests boot VMs and need /dev/kvm, which is missing on this machine"
-    );
-}
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("lwpvmm-terminal-{}-{name}", std::process::id()));

@@ -1,6 +1,9 @@
 //! Property tests of the LWP unit on random instruction sequences and random
 //! LWPCBs, against an in-memory user address space.
 
+// A test: a failed setup or expectation stops it with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use lwpvmm::lwp::cpuid::{LwpFeatures, LwpProfile};
 use lwpvmm::lwp::fault::{GuestFault, PF_PRESENT};
 use lwpvmm::lwp::flat::{FlatMemory, PAGE, PagePerm};

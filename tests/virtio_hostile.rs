@@ -8,6 +8,9 @@
 //! needs /dev/kvm, /dev/net/tun and the rights to create a network
 //! namespace and a tap (root); it fails saying which is missing.
 
+// A test: a failed setup or expectation stops it with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::net::UdpSocket;
 use std::path::{Path, PathBuf};
 use std::process::Command;

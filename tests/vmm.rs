@@ -5,20 +5,19 @@
 //! Every machine of this project has /dev/kvm; these tests fail, loudly,
 //! where it is missing.
 
+// A test: a failed setup or expectation stops it with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 use lwpvmm::lwp::cpuid::{GuestLwpSupport, LwpProfile};
 use lwpvmm::vmm::devices::{GuestEnd, SerialOut};
+use common::{lwpvmm, require_kvm};
 use lwpvmm::vmm::{self, HostConfig, Profiling, RunOutcome, VmConfig, VmEnd};
 
-fn require_kvm() {
-    assert!(
-        std::path::Path::new("/dev/kvm").exists(),
-        "this test boots a VM and needs /dev/kvm, which is missing on this machine"
-    );
-}
 
 fn boot(
     name: &str,
@@ -425,13 +424,6 @@ fn guest_file(name: &str) -> PathBuf {
     path
 }
 
-fn lwpvmm(args: &[&str]) -> std::process::Output {
-    require_kvm();
-    Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
-        .args(args)
-        .output()
-        .expect("run lwpvmm")
-}
 
 #[test]
 fn exit_port_status_is_qemu_compatible() {

@@ -5,6 +5,8 @@
 //! every access. Nothing here reads or writes host memory outside guest RAM,
 //! and no guest input can make it panic or loop without bound.
 
+#![deny(missing_docs)]
+
 mod error;
 pub mod pagetable;
 pub mod paging;

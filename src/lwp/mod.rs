@@ -2,6 +2,8 @@
 //! unit. Nothing here touches KVM, files or clocks; guest memory is reached
 //! only through the [`memory::UserMemory`] trait.
 
+#![deny(missing_docs)]
+
 pub mod cpuid;
 pub mod fault;
 pub mod flat;

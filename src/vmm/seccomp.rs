@@ -59,9 +59,33 @@ pub enum SeccompError {
     Handler(vmm_sys_util::errno::Error),
 }
 
+/// A list of system calls by their `libc::SYS_*` constants, each with its
+/// name, so the list can be checked against docs/security.md.
+macro_rules! syscalls {
+    ($($nr:path),* $(,)?) => {
+        &[$((syscall_name(stringify!($nr)), $nr)),*]
+    };
+}
+
+/// `brk` of "libc :: SYS_brk": what follows `SYS_`.
+const fn syscall_name(path: &'static str) -> &'static str {
+    let b = path.as_bytes();
+    let mut i = 0;
+    while i + 4 <= b.len() {
+        if b[i] == b'S' && b[i + 1] == b'Y' && b[i + 2] == b'S' && b[i + 3] == b'_' {
+            return match path.split_at_checked(i + 4) {
+                Some((_, name)) => name,
+                None => path,
+            };
+        }
+        i += 1;
+    }
+    path
+}
+
 /// System calls every lwpvmm thread makes after setup: memory allocation,
 /// locks, signals (the vCPU kick, the signal pipes), logging and exit.
-const COMMON: &[i64] = &[
+const COMMON: &[(&str, i64)] = syscalls![
     libc::SYS_brk,
     // The vCPU thread's CPU time (the sampler), and clock reads the vDSO
     // hands to the kernel where it cannot read the host's clocksource.
@@ -91,7 +115,7 @@ const COMMON: &[i64] = &[
 
 /// What the control thread adds: the event loop, kicking vCPUs, writing
 /// metrics (rewritten in place) and snapshots.
-const CONTROL: &[i64] = &[
+const CONTROL: &[(&str, i64)] = syscalls![
     libc::SYS_epoll_ctl,
     libc::SYS_epoll_pwait,
     libc::SYS_epoll_wait,
@@ -121,7 +145,7 @@ const CONTROL: &[i64] = &[
 
 /// What the device thread adds: its event loop, the disk images (positioned
 /// reads and writes, fdatasync) and the taps (read, write).
-const DEVICE: &[i64] = &[
+const DEVICE: &[(&str, i64)] = syscalls![
     libc::SYS_epoll_ctl,
     libc::SYS_epoll_pwait,
     libc::SYS_epoll_wait,
@@ -134,7 +158,7 @@ const DEVICE: &[i64] = &[
 /// What the API thread adds: waiting for and accepting clients, their
 /// timeouts and credentials, reading requests, closing its side first, and
 /// a pause after a failed accept.
-const API: &[i64] = &[
+const API: &[(&str, i64)] = syscalls![
     libc::SYS_accept4,
     libc::SYS_clock_nanosleep,
     // Reading a directory sysroot's ELF files for a profile's names: the
@@ -250,13 +274,13 @@ pub fn ioctls(kind: ThreadKind) -> Vec<(&'static str, u64)> {
 fn build(kind: ThreadKind, mode: SeccompMode) -> Result<BpfProgram, SeccompError> {
     let err = |e: seccompiler::BackendError| SeccompError::Build(e.to_string());
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
-    let extra: &[i64] = match kind {
+    let extra: &[(&str, i64)] = match kind {
         ThreadKind::Vcpu => &[],
         ThreadKind::Control => CONTROL,
         ThreadKind::Device => DEVICE,
         ThreadKind::Api => API,
     };
-    for &nr in COMMON.iter().chain(extra) {
+    for &(_, nr) in COMMON.iter().chain(extra) {
         rules.insert(nr, vec![]);
     }
     // The kernel takes ioctl's request as an unsigned int: compare 32 bits.
@@ -413,6 +437,55 @@ extern "C" fn sigsys_handler(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeSet;
+
+    /// docs/security.md's lists of each thread's system calls are the
+    /// filters' lists: a call added to a filter without the table (or the
+    /// other way round) fails here.
+    #[test]
+    fn the_security_doc_lists_every_filter() {
+        let doc = include_str!("../../docs/security.md");
+        // The bullet that starts with `lead`, up to the next bullet or
+        // blank line: its lower-case words in backticks.
+        let listed = |lead: &str| -> BTreeSet<String> {
+            let start = doc
+                .find(lead)
+                .unwrap_or_else(|| panic!("no bullet {lead:?} in docs/security.md"));
+            let rest = &doc[start + 2..];
+            let end = [rest.find("\n- "), rest.find("\n\n")]
+                .into_iter()
+                .flatten()
+                .min()
+                .unwrap_or(rest.len());
+            rest[..end]
+                .split('`')
+                .skip(1)
+                .step_by(2)
+                .flat_map(str::split_whitespace)
+                .filter(|w| w.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'))
+                .map(str::to_owned)
+                .collect()
+        };
+        let names = |list: &[(&str, i64)]| -> BTreeSet<String> {
+            list.iter().map(|(n, _)| (*n).to_owned()).collect()
+        };
+        let mut api = names(API);
+        // The API's openat has a rule of its own (the flags it may pass).
+        api.insert("openat".into());
+        // (the doc's bullet, the filter's list)
+        let table = [
+            ("- every thread:", names(COMMON)),
+            ("- the control thread adds:", names(CONTROL)),
+            ("- the device thread adds:", names(DEVICE)),
+            ("- the API thread", api),
+        ];
+        for (lead, want) in table {
+            assert_eq!(listed(lead), want, "docs/security.md {lead:?}");
+        }
+        // Each list's names are its numbers' (the macro's work).
+        assert!(COMMON.contains(&("brk", libc::SYS_brk)));
+        assert!(API.contains(&("accept4", libc::SYS_accept4)));
+    }
 
     #[test]
     fn filters_build() {

@@ -196,8 +196,15 @@ impl Drop for Bounded {
 pub fn require_kvm() {
     assert!(
         std::path::Path::new("/dev/kvm").exists(),
-        "this test boots a Linux VM and needs /dev/kvm, which is missing on this machine"
+        "this test runs lwpvmm on KVM and needs /dev/kvm, which is missing on this machine"
     );
+}
+
+/// Runs the lwpvmm binary with `args` to its end, within [`RUN_LIMIT`],
+/// after checking that /dev/kvm is there.
+pub fn lwpvmm(args: &[&str]) -> Output {
+    require_kvm();
+    output_within(Command::new(env!("CARGO_BIN_EXE_lwpvmm")).args(args), RUN_LIMIT)
 }
 
 /// The directory holding vmlinux, initramfs.cpio and rootfs.ext4, built on
