@@ -220,7 +220,11 @@ fn signals_stop_the_vm_cleanly() {
         signal(&child, signal_name);
         let out = child.wait_with_output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(128 + number), "SIG{signal_name}: {err}");
+        assert_eq!(
+            out.status.code(),
+            Some(128 + number),
+            "SIG{signal_name}: {err}"
+        );
         assert!(
             err.contains(&format!("SIG{signal_name} received: the VM was stopped")),
             "{err}"

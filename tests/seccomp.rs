@@ -64,6 +64,12 @@ fn probe(which: &str) -> ! {
         println!("survived KVM_CREATE_VM");
         std::process::exit(3);
     }
+    if which.contains("overcommit") {
+        // What glibc's malloc reads the first time a thread's heap shrinks.
+        let read = std::fs::read("/proc/sys/vm/overcommit_memory").map(|b| b.len() > 0);
+        println!("overcommit read {read:?}");
+        std::process::exit(0);
+    }
     if let Some((root, dir)) = sysroot {
         // The API thread reads guest files one component at a time (it may
         // not unlink: the directory is left in the temporary directory).
@@ -86,7 +92,7 @@ fn main() {
     );
     let me = std::env::current_exe().expect("current exe");
     // (probe, exit code, text on stdout or stderr)
-    let cases: [(&str, i32, &str); 14] = [
+    let cases: [(&str, i32, &str); 15] = [
         ("vcpu-allowed", 0, "alive"),
         ("vcpu-denied", 2, "seccomp: thread probe (tid "),
         (
@@ -112,6 +118,7 @@ fn main() {
         ("api-allowed", 0, "alive"),
         ("api-denied", 2, "seccomp: thread probe (tid "),
         ("api-sysroot", 0, "read Ok(9), Err(NotRegular)"),
+        ("api-overcommit", 0, "overcommit read Ok(true)"),
         (
             "api-create-vm",
             2,

@@ -14,15 +14,14 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use common::{lwpvmm, require_kvm};
 use lwpvmm::lwp::cpuid::LwpProfile;
 use lwpvmm::lwp::unit::LwpUnit;
-use common::{lwpvmm, require_kvm};
 use lwpvmm::vmm::snapshot::{self, MEMORY_FILE, STATE_FILE};
 
 /// The replay guest's length, and where it asks for a snapshot (a port
 /// write, unclaimed without --snapshot-on-port).
 const ITERATIONS: &str = "iterations=30000 snap=15000";
-
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!(

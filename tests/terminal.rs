@@ -14,7 +14,6 @@ use std::path::PathBuf;
 
 use common::{on_terminal, require_kvm};
 
-
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("lwpvmm-terminal-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);

@@ -13,11 +13,10 @@ mod common;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
+use common::{lwpvmm, require_kvm};
 use lwpvmm::lwp::cpuid::{GuestLwpSupport, LwpProfile};
 use lwpvmm::vmm::devices::{GuestEnd, SerialOut};
-use common::{lwpvmm, require_kvm};
 use lwpvmm::vmm::{self, HostConfig, Profiling, RunOutcome, VmConfig, VmEnd};
-
 
 fn boot(
     name: &str,
@@ -424,7 +423,6 @@ fn guest_file(name: &str) -> PathBuf {
     path
 }
 
-
 #[test]
 fn exit_port_status_is_qemu_compatible() {
     let elf = guest_file("minimal");
@@ -446,16 +444,34 @@ fn exit_port_status_is_qemu_compatible() {
     std::fs::remove_file(elf).unwrap();
 }
 
+/// An unhandled exit ends the run with a message naming it, and the
+/// `--metrics` file still holds what was counted, with the error.
 #[test]
 fn unhandled_exit_names_exit_vcpu_and_rip() {
     let elf = guest_file("unhandled");
-    let out = lwpvmm(&["run", "--kernel", elf.to_str().unwrap()]);
+    let metrics = elf.with_extension("json");
+    let out = lwpvmm(&[
+        "run",
+        "--kernel",
+        elf.to_str().unwrap(),
+        "--metrics",
+        metrics.to_str().unwrap(),
+    ]);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     for want in ["vCPU 0", "unhandled exit MmioWrite", "RIP 0x"] {
         assert!(err.contains(want), "missing `{want}` in: {err}");
     }
+    let m: serde_json::Value = serde_json::from_slice(&std::fs::read(&metrics).unwrap()).unwrap();
+    assert!(
+        m["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("unhandled exit")),
+        "{m}"
+    );
+    assert!(m["vm"]["exits_mmio"].as_u64() > Some(0), "{m}");
     std::fs::remove_file(elf).unwrap();
+    std::fs::remove_file(metrics).unwrap();
 }
 
 /// A kernel file cut short, as a failed copy leaves it.

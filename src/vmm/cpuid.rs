@@ -30,6 +30,16 @@ pub const KVM_PV_CLOCK_FEATURES: u32 = 1 << 0 | 1 << 1 | 1 << 3 | 1 << 24;
 /// KVM's paravirtual feature leaf.
 const LEAF_KVM_FEATURES: u32 = 0x4000_0001;
 
+/// The advanced power management leaf, and its EDX bit 8: the invariant
+/// TSC. lwpvmm hides it, as QEMU does unless asked (`+invtsc` blocks
+/// migration there): with it, Linux rates its TSC clocksource above
+/// kvm-clock and reads time from the raw TSC, which a snapshot cannot
+/// carry on hosts that cannot offset it (kvm_pvm): a guest restored 30 s
+/// later jumped 48 s and reported RCU stalls. Without it Linux keeps
+/// kvm-clock, which KVM_SET_CLOCK restores (docs/snapshot.md).
+const LEAF_POWER_MGMT: u32 = 0x8000_0007;
+const POWER_MGMT_EDX_INVARIANT_TSC: u32 = 1 << 8;
+
 /// The whole table for vCPU `vcpu_id` of `vcpus`, from KVM's supported
 /// entries.
 pub fn build(
@@ -56,6 +66,7 @@ pub fn build(
                 e.eax &= KVM_PV_CLOCK_FEATURES;
                 e.edx = 0;
             }
+            LEAF_POWER_MGMT => e.edx &= !POWER_MGMT_EDX_INVARIANT_TSC,
             LEAF_EXT_FEATURES => {
                 e.ecx = if has_lwp {
                     e.ecx | EXT_FEATURES_ECX_LWP
@@ -143,6 +154,7 @@ mod tests {
             entry(LEAF_KVM_FEATURES, [0x0100_7AFB, 0, 0, 1]),
             entry(LEAF_EXT_MAX, [0x8000_0021, 0, 0, 0]),
             entry(LEAF_EXT_FEATURES, [0, 0, 0x0040_0393, 0]),
+            entry(LEAF_POWER_MGMT, [0, 0, 0, 0x0000_0100 | 0x0000_0200]),
             entry(LEAF_LWP, [0; 4]),
         ]
     }
@@ -202,6 +214,11 @@ mod tests {
             (kvm_features.eax, kvm_features.edx),
             (0x0100_000B, 0),
             "only the clock bits and NOP_IO_DELAY survive"
+        );
+        assert_eq!(
+            find(&t, LEAF_POWER_MGMT).edx,
+            0x0000_0200,
+            "the invariant TSC is hidden, the rest kept"
         );
         let base = find(&t, LEAF_PV_BASE);
         assert_eq!(base.eax, LEAF_PV_LINES);

@@ -182,10 +182,13 @@ const API: &[(&str, i64)] = syscalls![
 /// The only flags the API thread opens files with, so it can create or
 /// write nothing: a directory sysroot's directories and guest files,
 /// opened one component at a time without following links
-/// (`profile::sysroot`).
-const API_OPEN_FLAGS: [u64; 2] = [
+/// (`profile::sysroot`), and glibc's own read-only open: its malloc reads
+/// /proc/sys/vm/overcommit_memory the first time a thread's heap shrinks,
+/// which a large profile's answer does (seen killing the API thread).
+const API_OPEN_FLAGS: [u64; 3] = [
     crate::profile::sysroot::DIR_OPEN_FLAGS.bits() as u64,
     crate::profile::sysroot::FILE_OPEN_FLAGS.bits() as u64,
+    libc::O_RDONLY as u64 | libc::O_CLOEXEC as u64,
 ];
 
 const KVMIO: u32 = 0xae;
@@ -462,7 +465,10 @@ mod tests {
                 .skip(1)
                 .step_by(2)
                 .flat_map(str::split_whitespace)
-                .filter(|w| w.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'))
+                .filter(|w| {
+                    w.bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+                })
                 .map(str::to_owned)
                 .collect()
         };

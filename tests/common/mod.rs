@@ -204,7 +204,10 @@ pub fn require_kvm() {
 /// after checking that /dev/kvm is there.
 pub fn lwpvmm(args: &[&str]) -> Output {
     require_kvm();
-    output_within(Command::new(env!("CARGO_BIN_EXE_lwpvmm")).args(args), RUN_LIMIT)
+    output_within(
+        Command::new(env!("CARGO_BIN_EXE_lwpvmm")).args(args),
+        RUN_LIMIT,
+    )
 }
 
 /// The directory holding vmlinux, initramfs.cpio and rootfs.ext4, built on
