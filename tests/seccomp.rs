@@ -66,7 +66,7 @@ fn probe(which: &str) -> ! {
     }
     if which.contains("overcommit") {
         // What glibc's malloc reads the first time a thread's heap shrinks.
-        let read = std::fs::read("/proc/sys/vm/overcommit_memory").map(|b| b.len() > 0);
+        let read = std::fs::read("/proc/sys/vm/overcommit_memory").map(|b| !b.is_empty());
         println!("overcommit read {read:?}");
         std::process::exit(0);
     }
