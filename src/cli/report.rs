@@ -183,6 +183,7 @@ pub fn report(out: &mut dyn Write, args: &ReportArgs) -> Result<u8, CliError> {
             time_nanos: start.or(end).unwrap_or(0),
             duration_nanos: start.zip(end).map_or(0, |(s, e)| (e - s).max(0)),
             sample_hz: summary.header.sample_hz,
+            kicks: None,
         };
         let profile = pprof::profile(&tally, &resolver, timing, "the host-side trace");
         f.commit(|file| Ok(pprof::write(&profile, file)?))?;

@@ -178,6 +178,8 @@ pub struct Capture {
     pub dropped: u64,
     /// Mapping lines not kept (past [`MAX_CAPTURE_MAPPINGS`]).
     pub mappings_dropped: u64,
+    /// Sampler kicks charged to sampled contexts during the capture.
+    pub kicks: u64,
 }
 
 impl Capture {
@@ -267,9 +269,11 @@ impl Capture {
                     .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)),
                 duration_nanos: i64::try_from(since.elapsed().as_nanos()).unwrap_or(i64::MAX),
                 sample_hz,
+                kicks: Some(self.kicks),
             },
             None => super::pprof::Timing {
                 sample_hz,
+                kicks: Some(self.kicks),
                 ..super::pprof::Timing::default()
             },
         };

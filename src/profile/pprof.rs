@@ -69,6 +69,9 @@ pub struct Timing {
     pub duration_nanos: i64,
     /// The sampler's kicks per second (0: off or unknown).
     pub sample_hz: u32,
+    /// The sampler's kicks charged to sampled contexts while the profile
+    /// was taken, when known (a capture counts them; a trace does not).
+    pub kicks: Option<u64>,
 }
 
 /// profile.proto's `ValueType`.
@@ -245,11 +248,14 @@ impl Builder {
 ///
 /// With sampled clocks (CNH, else RNH: the event `report` counts by
 /// default) and a known sampler rate, the profile also has a `cpu` sample
-/// type in nanoseconds (each record of that event one sampling period,
-/// 1/`sample_hz`: the sampler stores one record per kick while the LWPCB's
-/// interval is at most a kick's cycles), its period, and `cpu` as the
-/// default sample type, so tools show time without options. Without clocks
-/// the default is the last type, as pprof's own rule has it.
+/// type in nanoseconds, its period (1/`sample_hz`), and `cpu` as the
+/// default sample type, so tools show time without options. Each kick is
+/// one period of CPU time: with the kicks counted (a capture), their time
+/// is shared out over the stacks by their records, exactly, however many
+/// records one kick stores (an LWPCB interval shorter than a kick's cycles
+/// stores several); without (a trace), each record counts one period, and
+/// the shares are exact but the times are that many times too large.
+/// Without clocks the default is the last type, as pprof's own rule has it.
 pub fn profile(tally: &Tally, resolver: &Resolver, timing: Timing, source: &str) -> Profile {
     let mut b = Builder::default();
     b.string("");
@@ -263,6 +269,7 @@ pub fn profile(tally: &Tally, resolver: &Resolver, timing: Timing, source: &str)
         });
     }
     let clock = tally.default_event();
+    let clock_records: u64 = clock.map_or(0, |e| tally.stacks(Some(e)).map(|c| c.count).sum());
     let period = (timing.sample_hz > 0).then(|| 1_000_000_000 / i64::from(timing.sample_hz));
     let cpu_slot = match (clock, period) {
         (Some(_), Some(period)) => {
@@ -323,7 +330,14 @@ pub fn profile(tally: &Tally, resolver: &Resolver, timing: Timing, source: &str)
         if let (Some(slot), Some(period)) = (cpu_slot, period)
             && Some(c.event) == clock
         {
-            value[slot] = n.saturating_mul(period);
+            value[slot] = match (timing.kicks, clock_records) {
+                (Some(kicks), total) if total > 0 => {
+                    let share = u128::from(c.count) * u128::from(kicks) * period as u128
+                        / u128::from(total);
+                    i64::try_from(share).unwrap_or(i64::MAX)
+                }
+                _ => n.saturating_mul(period),
+            };
         }
         let space = b.string(&format!("{:#x}", c.cr3));
         b.profile.sample.push(Sample {
@@ -401,6 +415,7 @@ mod tests {
             time_nanos: 7,
             duration_nanos: 5_000_000_000,
             sample_hz: 1000,
+            kicks: None,
         };
         write(&profile(&tally, &resolver, timing, "a test"), &mut gz).unwrap();
         let p = read(&gz).unwrap();
@@ -466,6 +481,15 @@ mod tests {
             (0, 0x8888),
             "no mapping in its address space"
         );
+        // Kicks counted: their time is shared out by records (here 3
+        // kicks over 2 records of one stack: 3 ms).
+        let counted = Timing {
+            kicks: Some(3),
+            ..timing
+        };
+        let p = profile(&tally, &resolver, counted, "a test");
+        let cpu: i64 = p.sample.iter().map(|x| x.value[2]).sum();
+        assert_eq!(cpu, 3_000_000);
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

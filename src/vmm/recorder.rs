@@ -170,6 +170,16 @@ impl Recorder {
         written
     }
 
+    /// Notes a sampler kick charged to a sampled context: running captures
+    /// share its time out over their clock records.
+    pub fn charged_kick(&self) {
+        if self.capturing.load(Ordering::Relaxed)
+            && let Ok(mut captures) = self.captures.lock()
+        {
+            captures.iter_mut().for_each(|(_, _, c)| c.kicks += 1);
+        }
+    }
+
     /// Takes a mapping the guest reported; false when writing it to the
     /// trace failed.
     pub fn mapping(&self, line: &MappingLine) -> bool {

@@ -272,6 +272,7 @@ pub fn sample(cx: &mut ExitCx<'_>, cycles: u64) {
         long_mode: sregs.cs.l == 1,
     });
     cx.metrics.samples_charged.fetch_add(1, Ordering::Relaxed);
+    cx.recorder.charged_kick();
 }
 
 /// After every exit: the unit's counters into the metrics, its new records
