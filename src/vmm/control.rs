@@ -23,6 +23,7 @@ use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
 use super::config::SnapshotPlan;
+use super::control_error::ControlError;
 use super::error::VmError;
 use super::machine::MachineSpec;
 use super::metrics::{VcpuMetrics, VmCounters};
@@ -299,7 +300,7 @@ impl Control {
                 && let Err(e) = self.snapshot(&dir, kind, &mut paused, &seen.snapshot.join(" and "))
             {
                 log::error!("{e}");
-                errors.push(e);
+                errors.push(e.to_string());
             }
             if seen.requests && self.requests(&mut paused, &sources) {
                 break None;
@@ -338,16 +339,15 @@ impl Control {
     }
 
     /// Sets the sampler's rate.
-    fn set_sample_hz(&mut self, hz: u32, sources: &Mutex<Sources>) -> Result<(), String> {
+    fn set_sample_hz(&mut self, hz: u32, sources: &Mutex<Sources>) -> Result<(), ControlError> {
         if self.sample_hz.is_none() {
-            return Err(
-                "the LWP profile has no sampled clock events (CNH, RNH): there is no sampler"
-                    .into(),
-            );
+            return Err(ControlError::NoSampler);
         }
-        let mut s = sources.lock().map_err(|_| "the control loop failed")?;
+        let mut s = sources
+            .lock()
+            .map_err(|_| ControlError::host("the control loop", "its lock is poisoned"))?;
         if let Some(t) = s.sampler.as_mut() {
-            arm_sampler(t, hz).map_err(|e| e.to_string())?;
+            arm_sampler(t, hz).map_err(|e| ControlError::host("arming the sampler", e))?;
         }
         self.sample_hz = Some(hz);
         self.shared.recorder.note_sample_hz(hz);
@@ -355,21 +355,27 @@ impl Control {
     }
 
     /// Pauses every vCPU (waits until each is at its consistent point).
-    fn pause(&mut self, paused: &mut bool) -> Result<(), String> {
+    fn pause(&mut self, paused: &mut bool) -> Result<(), ControlError> {
         if *paused {
             return Ok(());
         }
-        let stopped = || "the VM stopped before every vCPU paused".to_owned();
+        let stopped = ControlError::Stopped("every vCPU paused");
         for h in &self.vcpus {
             if !h.send(VcpuEvent::Pause) {
-                return Err(stopped());
+                return Err(stopped);
             }
         }
         for h in &self.vcpus {
             match h.recv() {
                 Some(VcpuResponse::Paused) => {}
-                Some(other) => return Err(format!("a vCPU answered {other:?} to a pause")),
-                None => return Err(stopped()),
+                Some(other) => {
+                    return Err(ControlError::Protocol {
+                        who: "a vCPU",
+                        answer: format!("{other:?}"),
+                        asked: "a pause",
+                    });
+                }
+                None => return Err(stopped),
             }
         }
         // After the vCPUs, so that no notification arrives once it waits.
@@ -381,7 +387,7 @@ impl Control {
     }
 
     /// Lets every paused vCPU run again.
-    fn resume(&mut self, paused: &mut bool) -> Result<(), String> {
+    fn resume(&mut self, paused: &mut bool) -> Result<(), ControlError> {
         if !*paused {
             return Ok(());
         }
@@ -393,7 +399,7 @@ impl Control {
         }
         for h in &self.vcpus {
             if !matches!(h.recv(), Some(VcpuResponse::Resumed)) {
-                return Err("a vCPU did not resume (the VM stopped)".into());
+                return Err(ControlError::Stopped("every vCPU resumed"));
             }
         }
         *paused = false;
@@ -426,10 +432,13 @@ impl Control {
         kind: SnapshotKind,
         paused: &mut bool,
         why: &str,
-    ) -> Result<SnapshotInfo, String> {
+    ) -> Result<SnapshotInfo, ControlError> {
         let started = Instant::now();
         let was_paused = *paused;
-        let fail = |e: String| format!("the snapshot to {} failed: {e}", dir.display());
+        let fail = |e: ControlError| ControlError::Snapshot {
+            dir: dir.to_owned(),
+            source: Box::new(e),
+        };
         self.pause(paused).map_err(fail)?;
         let pause_time = started.elapsed();
         let result = self.write_snapshot(dir, kind).map_err(fail);
@@ -468,7 +477,7 @@ impl Control {
     /// merged with guest memory's bitmap (lwpvmm's writes: LWP records,
     /// LWPCB write-backs, page-table Accessed/Dirty bits, exception frames,
     /// the virtio devices). Both are cleared.
-    fn take_dirty(&self) -> Result<Vec<Vec<u64>>, String> {
+    fn take_dirty(&self) -> Result<Vec<Vec<u64>>, ControlError> {
         let mem = &self.shared.mem;
         let mut out = Vec::new();
         for (slot, region) in mem.iter().enumerate() {
@@ -476,7 +485,7 @@ impl Control {
             let kvm = self
                 .vm
                 .get_dirty_log(slot as u32, len)
-                .map_err(|e| format!("KVM_GET_DIRTY_LOG: {e}"))?;
+                .map_err(|e| ControlError::host("KVM_GET_DIRTY_LOG", e))?;
             let ours = vm_memory::MmapRegion::bitmap(region).get_and_reset();
             let words = len.div_ceil(4096).div_ceil(64);
             out.push(
@@ -488,25 +497,29 @@ impl Control {
         Ok(out)
     }
 
-    fn write_snapshot(&mut self, dir: &Path, kind: SnapshotKind) -> Result<(u64, u64), String> {
+    fn write_snapshot(
+        &mut self,
+        dir: &Path,
+        kind: SnapshotKind,
+    ) -> Result<(u64, u64), ControlError> {
+        let create = |dir: &Path| {
+            std::fs::create_dir_all(dir).map_err(|e| ControlError::Directory {
+                path: dir.to_owned(),
+                reason: e.to_string(),
+            })
+        };
         let parent = match kind {
             SnapshotKind::Full => None,
             SnapshotKind::Diff => {
                 if !self.plan.diff {
-                    return Err(
-                        "diff snapshots need dirty-page tracking: start the VM with --snapshot-diff"
-                            .into(),
-                    );
+                    return Err(ControlError::DiffUntracked);
                 }
-                let parent = self.parent.clone().ok_or(
-                    "a diff snapshot needs a parent: this VM has written no snapshot since it started and was not restored from one; take a full one first",
-                )?;
-                std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
-                if std::path::absolute(dir).map_err(|e| e.to_string())? == parent.dir {
-                    return Err(format!(
-                        "a diff snapshot needs a directory of its own: {} holds its parent",
-                        dir.display()
-                    ));
+                let parent = self.parent.clone().ok_or(ControlError::NoParent)?;
+                create(dir)?;
+                if std::path::absolute(dir).map_err(|e| ControlError::host("getcwd", e))?
+                    == parent.dir
+                {
+                    return Err(ControlError::ParentDirectory(dir.to_owned()));
                 }
                 Some(parent)
             }
@@ -518,32 +531,33 @@ impl Control {
         for h in &self.vcpus {
             match h.recv() {
                 Some(VcpuResponse::State(state)) => vcpus.push((*state)?),
-                _ => return Err("a vCPU did not save its state".into()),
+                _ => return Err(ControlError::Stopped("every vCPU saved its state")),
             }
         }
-        let vm = VmKvmState::capture(&self.vm).map_err(|e| e.to_string())?;
+        let vm =
+            VmKvmState::capture(&self.vm).map_err(|e| ControlError::host("KVM_GET_CLOCK", e))?;
         let devices = self.shared.virtio.snapshot()?;
         let (serial, pm) = {
             let bus = self
                 .shared
                 .bus
                 .lock()
-                .map_err(|_| "the port bus's lock is poisoned".to_owned())?;
+                .map_err(|_| ControlError::host("the port bus", "its lock is poisoned"))?;
             (bus.serial_state(), bus.pm_state())
         };
-        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+        create(dir)?;
         let (crc64, pages, memory_bytes) = if parent.is_some() {
             let dirty = self.take_dirty()?;
             let d = snapshot::write_diff_memory(dir, &self.shared.mem, &dirty)
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| ControlError::host("writing the memory file", e))?;
             (d.crc64, d.pages, d.bytes)
         } else {
             if self.plan.diff {
                 // The base the next diff counts from.
                 self.take_dirty()?;
             }
-            let (crc64, bytes) =
-                snapshot::write_memory(dir, &self.shared.mem).map_err(|e| e.to_string())?;
+            let (crc64, bytes) = snapshot::write_memory(dir, &self.shared.mem)
+                .map_err(|e| ControlError::host("writing the memory file", e))?;
             (crc64, Vec::new(), bytes)
         };
         let state = VmSnapshot {
@@ -563,10 +577,10 @@ impl Control {
             devices,
             vcpus,
         };
-        let (state_bytes, state_crc) =
-            snapshot::write_state(dir, &state).map_err(|e| e.to_string())?;
+        let (state_bytes, state_crc) = snapshot::write_state(dir, &state)
+            .map_err(|e| ControlError::host("writing the state file", e))?;
         self.parent = Some(ParentRef {
-            dir: std::path::absolute(dir).map_err(|e| e.to_string())?,
+            dir: std::path::absolute(dir).map_err(|e| ControlError::host("getcwd", e))?,
             state_crc,
         });
         Ok((state_bytes, memory_bytes))

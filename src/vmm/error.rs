@@ -67,6 +67,9 @@ pub enum VmError {
     /// The control thread's event loop failed.
     #[error("the event loop failed: {0}")]
     EventLoop(String),
+    /// A request to the running VM failed.
+    #[error("{0}")]
+    Control(#[from] crate::vmm::control_error::ControlError),
     /// A thread could not be started.
     #[error("cannot start the {what} thread: {source}")]
     Thread {

@@ -11,6 +11,7 @@ pub mod boot;
 pub mod builder;
 pub mod config;
 pub mod control;
+pub mod control_error;
 pub mod cpuid;
 pub mod devices;
 pub mod error;

@@ -20,6 +20,7 @@ use vmm_sys_util::signal::{SIGRTMIN, register_signal_handler};
 use super::api::ApiListeners;
 use super::config::HostConfig;
 use super::control::Control;
+use super::control_error::ControlError;
 use super::devices::GuestEnd;
 use super::error::VmError;
 use super::machine::{Machine, MachineSpec};
@@ -130,17 +131,21 @@ pub fn metrics_document<'a>(
 /// A request to the control thread.
 pub enum Request {
     /// Pause every vCPU.
-    Pause(Sender<Result<(), String>>),
+    Pause(Sender<Result<(), ControlError>>),
     /// Resume every vCPU.
-    Resume(Sender<Result<(), String>>),
+    Resume(Sender<Result<(), ControlError>>),
     /// Write a snapshot of this kind to this directory.
-    Snapshot(PathBuf, SnapshotKind, Sender<Result<SnapshotInfo, String>>),
+    Snapshot(
+        PathBuf,
+        SnapshotKind,
+        Sender<Result<SnapshotInfo, ControlError>>,
+    ),
     /// The counters now.
     Metrics(Sender<VmCounters>),
     /// Whether the VM is paused.
     Paused(Sender<bool>),
     /// Set the sampler's rate.
-    SampleHz(u32, Sender<Result<(), String>>),
+    SampleHz(u32, Sender<Result<(), ControlError>>),
     /// Stop the VM.
     Stop,
 }
@@ -165,12 +170,12 @@ impl VmmHandle {
 
     /// Pauses every vCPU; returns once all are paused.
     pub fn pause(&self) -> Result<(), VmError> {
-        self.ask(Request::Pause)?.map_err(VmError::EventLoop)
+        Ok(self.ask(Request::Pause)??)
     }
 
     /// Resumes a paused VM.
     pub fn resume(&self) -> Result<(), VmError> {
-        self.ask(Request::Resume)?.map_err(VmError::EventLoop)
+        Ok(self.ask(Request::Resume)??)
     }
 
     /// Writes a snapshot to `dir` (the VM pauses for it unless paused).
@@ -181,14 +186,12 @@ impl VmmHandle {
     /// Writes a full snapshot, or a diff on top of the last one this VM
     /// wrote or was restored from (`--snapshot-diff`), to `dir`.
     pub fn snapshot_of(&self, dir: &Path, kind: SnapshotKind) -> Result<SnapshotInfo, VmError> {
-        self.ask(|r| Request::Snapshot(dir.to_owned(), kind, r))?
-            .map_err(VmError::EventLoop)
+        Ok(self.ask(|r| Request::Snapshot(dir.to_owned(), kind, r))??)
     }
 
     /// Sets the sampler's rate (0: stopped) while the VM runs.
     pub fn set_sample_hz(&self, hz: u32) -> Result<(), VmError> {
-        self.ask(|r| Request::SampleHz(hz, r))?
-            .map_err(VmError::EventLoop)
+        Ok(self.ask(|r| Request::SampleHz(hz, r))??)
     }
 
     /// What the host side records: the trace and the API's captures.

@@ -217,9 +217,12 @@ fn printable(text: &str) -> String {
 }
 
 /// The answer when the VM refused or has ended.
+/// A VM error as an answer: whose fault it was sets the status (a
+/// request's 400, a conflict's 409, a stopping VM's 503, the host's 500).
 fn vm_error(e: VmError) -> Response {
     match e {
         VmError::NotRunning => Response::fault(503, "the VM is not running"),
+        VmError::Control(e) => Response::fault(e.status(), &e.to_string()),
         e => Response::fault(500, &e.to_string()),
     }
 }
@@ -318,7 +321,6 @@ fn snapshot(request: &Request, cx: &mut Context<'_>) -> Response {
                 total_ms: info.total_time.as_secs_f64() * 1e3,
             },
         ),
-        Err(VmError::EventLoop(why)) => Response::fault(400, &why),
         Err(e) => vm_error(e),
     }
 }
@@ -442,10 +444,7 @@ fn capture_config(request: &Request, cx: &mut Context<'_>) -> Response {
     if let Some(hz) = config.sample_hz
         && let Err(e) = cx.vm.set_sample_hz(hz)
     {
-        return match e {
-            VmError::EventLoop(why) => Response::fault(400, &why),
-            e => vm_error(e),
-        };
+        return vm_error(e);
     }
     if let Some(events) = &config.events {
         r.set_events(events);
@@ -552,6 +551,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::vmm::control_error::ControlError;
     use crate::vmm::metrics::{VcpuMetrics, VmCounters};
     use crate::vmm::vmm::{Request as VmRequest, SnapshotInfo};
 
@@ -566,19 +566,27 @@ mod tests {
                         let _ = r.send(Ok(()));
                     }
                     VmRequest::Snapshot(dir, kind, r) => {
-                        let _ = r.send(
-                            if dir.starts_with("/refused") || kind == SnapshotKind::Diff {
-                                Err("cannot create /refused".into())
-                            } else {
-                                Ok(SnapshotInfo {
-                                    dir,
-                                    state_bytes: 1,
-                                    memory_bytes: 2,
-                                    pause_time: Duration::ZERO,
-                                    total_time: Duration::ZERO,
-                                })
-                            },
-                        );
+                        let _ = r.send(if dir.starts_with("/refused") {
+                            Err(ControlError::Directory {
+                                path: dir,
+                                reason: "Permission denied".into(),
+                            })
+                        } else if dir.starts_with("/full") {
+                            Err(ControlError::host(
+                                "writing the memory file",
+                                "No space left on device",
+                            ))
+                        } else if kind == SnapshotKind::Diff {
+                            Err(ControlError::NoParent)
+                        } else {
+                            Ok(SnapshotInfo {
+                                dir,
+                                state_bytes: 1,
+                                memory_bytes: 2,
+                                pause_time: Duration::ZERO,
+                                total_time: Duration::ZERO,
+                            })
+                        });
                     }
                     VmRequest::Metrics(r) => {
                         let _ = r.send(VmCounters::of(&[Arc::new(VcpuMetrics::default())]));
@@ -587,10 +595,10 @@ mod tests {
                         let _ = r.send(true);
                     }
                     VmRequest::SampleHz(hz, r) => {
-                        let _ = r.send(if hz == 7 {
-                            Err("no sampler".into())
-                        } else {
-                            Ok(())
+                        let _ = r.send(match hz {
+                            7 => Err(ControlError::NoSampler),
+                            8 => Err(ControlError::Stopped("every vCPU paused")),
+                            _ => Ok(()),
                         });
                     }
                     VmRequest::Stop => {}
@@ -643,13 +651,22 @@ mod tests {
                 200,
                 "\"memory_bytes\": 2",
             ),
+            // Whose fault a failure was sets its status.
             (
                 Unix,
                 "PUT",
                 "/snapshot/create",
                 r#"{"snapshot_path":"/refused/s"}"#,
                 400,
-                "cannot create",
+                "cannot create the snapshot directory /refused/s",
+            ),
+            (
+                Unix,
+                "PUT",
+                "/snapshot/create",
+                r#"{"snapshot_path":"/full/s"}"#,
+                500,
+                "No space left on device",
             ),
             (Unix, "PUT", "/snapshot/create", "[]", 400, "snapshot_path"),
             (
@@ -657,8 +674,8 @@ mod tests {
                 "PUT",
                 "/snapshot/create",
                 r#"{"snapshot_path":"/s","snapshot_type":"Diff"}"#,
-                400,
-                "cannot create",
+                409,
+                "take a full one first",
             ),
             (
                 Unix,
@@ -752,8 +769,16 @@ mod tests {
                 "PATCH",
                 "/capture",
                 r#"{"sample_hz":7}"#,
-                400,
-                "no sampler",
+                409,
+                "there is no sampler",
+            ),
+            (
+                Unix,
+                "PATCH",
+                "/capture",
+                r#"{"sample_hz":8}"#,
+                503,
+                "the VM stopped before every vCPU paused",
             ),
             (
                 Unix,

@@ -133,7 +133,7 @@ pub enum VcpuResponse {
     /// It runs again.
     Resumed,
     /// Its state, or why it could not be captured.
-    State(Box<Result<VcpuSnapshot, String>>),
+    State(Box<Result<VcpuSnapshot, crate::vmm::control_error::ControlError>>),
 }
 
 /// What a vCPU thread hands back when it ends.
@@ -441,7 +441,11 @@ impl Vcpu {
                     let _ = mailbox.responses.send(VcpuResponse::Resumed);
                 }
                 VcpuEvent::SaveState => {
-                    let refused = Err("a running vCPU does not save its state".into());
+                    let refused = Err(crate::vmm::control_error::ControlError::Protocol {
+                        who: "a running vCPU",
+                        answer: "no state".into(),
+                        asked: "SaveState",
+                    });
                     let _ = mailbox
                         .responses
                         .send(VcpuResponse::State(Box::new(refused)));
@@ -499,7 +503,10 @@ impl Vcpu {
     }
 
     /// The vCPU's whole state: KVM's and its LWP state.
-    fn capture(&self, shared: &Shared) -> Result<VcpuSnapshot, String> {
+    fn capture(
+        &self,
+        shared: &Shared,
+    ) -> Result<VcpuSnapshot, crate::vmm::control_error::ControlError> {
         let id = self.kvm.id();
         let (mut snapshot, skipped) = vcpu_state::capture(
             self.kvm.fd(),
@@ -508,7 +515,12 @@ impl Vcpu {
             shared.xsave_size,
             &shared.msr_indices,
         )
-        .map_err(|e| format!("vCPU {id}: {e}"))?;
+        .map_err(|e| {
+            crate::vmm::control_error::ControlError::host(
+                "saving a vCPU's state",
+                format!("vCPU {id}: {e}"),
+            )
+        })?;
         if !skipped.is_empty() {
             log::warn!("vCPU {id}: MSRs KVM lists but would not read: {skipped:x?}");
         }

@@ -435,14 +435,16 @@ impl VirtioBus {
     }
 
     /// Every device's state, for a snapshot (the device thread is paused).
-    pub fn snapshot(&self) -> Result<Vec<DeviceSnapshot>, String> {
+    pub fn snapshot(&self) -> Result<Vec<DeviceSnapshot>, crate::vmm::control_error::ControlError> {
         self.slots
             .iter()
             .map(|s| {
-                let t = s
-                    .transport
-                    .lock()
-                    .map_err(|_| "a virtio device's lock is poisoned".to_owned())?;
+                let t = s.transport.lock().map_err(|_| {
+                    crate::vmm::control_error::ControlError::host(
+                        "a virtio device",
+                        "its lock is poisoned",
+                    )
+                })?;
                 Ok(DeviceSnapshot {
                     spec: t.device().spec(),
                     transport: t.state(),

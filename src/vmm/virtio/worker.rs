@@ -18,6 +18,7 @@ use super::VirtioBus;
 use super::mmio::{Halt, MmioTransport, Progress};
 use crate::guard::GuestMemory;
 use crate::guest_warn;
+use crate::vmm::control_error::ControlError;
 use crate::vmm::error::VmError;
 use crate::vmm::metrics::VcpuMetrics;
 use crate::vmm::seccomp::{self, SeccompMode, ThreadKind};
@@ -275,20 +276,20 @@ impl DeviceThread {
     }
 
     /// Pauses the thread; returns once it waits.
-    pub fn pause(&self) -> Result<(), String> {
+    pub fn pause(&self) -> Result<(), ControlError> {
         if self.ask(DeviceEvent::Pause) && self.replies.recv() == Ok(DeviceEvent::Pause) {
             Ok(())
         } else {
-            Err("the device thread did not pause (it stopped)".into())
+            Err(ControlError::Stopped("the device thread paused"))
         }
     }
 
     /// Lets a paused thread carry on.
-    pub fn resume(&self) -> Result<(), String> {
+    pub fn resume(&self) -> Result<(), ControlError> {
         if self.ask(DeviceEvent::Resume) && self.replies.recv() == Ok(DeviceEvent::Resume) {
             Ok(())
         } else {
-            Err("the device thread did not resume (it stopped)".into())
+            Err(ControlError::Stopped("the device thread resumed"))
         }
     }
 
