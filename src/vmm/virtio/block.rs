@@ -27,7 +27,8 @@ use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::{DescriptorChain, Queue, QueueT};
 
-use super::mmio::{CHAINS_PER_CALL, Halt, Progress, VirtioDevice, read_space};
+use super::drain::drain;
+use super::mmio::{Halt, Progress, VirtioDevice, read_space};
 use super::{DeviceError, DeviceSpec};
 use crate::guard::GuestMemory;
 use crate::vmm::metrics::VcpuMetrics;
@@ -280,51 +281,23 @@ impl VirtioDevice for Block {
         mem: &GuestMemory,
     ) -> Result<Progress, DeviceError> {
         let queue = queues.get_mut(index).ok_or(DeviceError::NoQueue(index))?;
-        let mut used = false;
-        let mut total = 0;
-        loop {
-            queue.disable_notification(mem)?;
-            let mut popped = 0;
-            while let Some(chain) = queue.pop_descriptor_chain(mem) {
-                popped += 1;
-                total += 1;
-                let head = chain.head_index();
-                let written = match self.request(chain, mem) {
-                    Some(done) => {
-                        if done.status == VIRTIO_BLK_S_IOERR {
-                            self.metrics.device_errors.fetch_add(1, Ordering::Relaxed);
-                        }
-                        done.written
-                    }
-                    None => {
-                        self.metrics.device_errors.fetch_add(1, Ordering::Relaxed);
-                        0
-                    }
-                };
-                queue.add_used(mem, head, written)?;
-                used = true;
-                // At its limit, or asked to pause: the rest after the
-                // other events (or the pause).
-                if total >= CHAINS_PER_CALL || self.halt.requested() {
-                    return Ok(Progress {
-                        interrupt: queue.needs_notification(mem)?,
-                        host_input: None,
-                        again: true,
-                    });
+        let halt = self.halt.clone();
+        let done = drain(queue, mem, &halt, |chain| match self.request(chain, mem) {
+            Some(done) => {
+                if done.status == VIRTIO_BLK_S_IOERR {
+                    self.metrics.device_errors.fetch_add(1, Ordering::Relaxed);
                 }
+                done.written
             }
-            if !queue.enable_notification(mem)? {
-                break;
+            None => {
+                self.metrics.device_errors.fetch_add(1, Ordering::Relaxed);
+                0
             }
-            // More announced, none readable: a ring no loop may spin on.
-            if popped == 0 {
-                return Err(DeviceError::Stalled);
-            }
-        }
+        })?;
         Ok(Progress {
-            interrupt: used && queue.needs_notification(mem)?,
+            interrupt: done.used && queue.needs_notification(mem)?,
             host_input: None,
-            again: false,
+            again: done.again,
         })
     }
 

@@ -17,6 +17,7 @@
 //! cannot make sense of ends in a status or a device error, never a panic.
 
 pub mod block;
+pub mod drain;
 pub mod mmio;
 pub mod net;
 pub mod worker;

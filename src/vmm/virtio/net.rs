@@ -21,6 +21,7 @@ use virtio_bindings::virtio_net::VIRTIO_NET_F_MAC;
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 
+use super::drain::drain;
 use super::mmio::{CHAINS_PER_CALL, Halt, Progress, VirtioDevice, read_space};
 use super::{DeviceError, DeviceSpec};
 use crate::guard::GuestMemory;
@@ -98,50 +99,29 @@ impl Net {
         queue: &mut Queue,
         mem: &GuestMemory,
     ) -> Result<(bool, bool), DeviceError> {
-        let mut used = false;
-        let mut total = 0;
-        loop {
-            queue.disable_notification(mem)?;
-            let mut popped = 0;
-            while let Some(chain) = queue.pop_descriptor_chain(mem) {
-                popped += 1;
-                total += 1;
-                let head = chain.head_index();
-                match chain.reader(mem) {
-                    Ok(mut reader) if reader.available_bytes() <= self.frame.len() => {
-                        let n = reader.available_bytes();
-                        let ok = reader.read_exact(&mut self.frame[..n]).is_ok() && n > NET_HDR;
-                        if !ok {
-                            self.metrics.device_errors.fetch_add(1, Ordering::Relaxed);
-                        } else if self.tap.send(&self.frame[NET_HDR..n]).is_ok() {
-                            self.metrics.net_tx_frames.fetch_add(1, Ordering::Relaxed);
-                        } else {
-                            // The tap's queue is full or it is down: a
-                            // network drops frames.
-                            self.metrics.net_tx_dropped.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                    _ => {
+        let halt = self.halt.clone();
+        let done = drain(queue, mem, &halt, |chain| {
+            match chain.reader(mem) {
+                Ok(mut reader) if reader.available_bytes() <= self.frame.len() => {
+                    let n = reader.available_bytes();
+                    let ok = reader.read_exact(&mut self.frame[..n]).is_ok() && n > NET_HDR;
+                    if !ok {
                         self.metrics.device_errors.fetch_add(1, Ordering::Relaxed);
+                    } else if self.tap.send(&self.frame[NET_HDR..n]).is_ok() {
+                        self.metrics.net_tx_frames.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        // The tap's queue is full or it is down: a network
+                        // drops frames.
+                        self.metrics.net_tx_dropped.fetch_add(1, Ordering::Relaxed);
                     }
                 }
-                queue.add_used(mem, head, 0)?;
-                used = true;
-                // At the limit, or asked to pause: the rest after the
-                // other events (or the pause).
-                if total >= CHAINS_PER_CALL || self.halt.requested() {
-                    return Ok((used, true));
+                _ => {
+                    self.metrics.device_errors.fetch_add(1, Ordering::Relaxed);
                 }
             }
-            if !queue.enable_notification(mem)? {
-                break;
-            }
-            // More announced, none readable: a ring no loop may spin on.
-            if popped == 0 {
-                return Err(DeviceError::Stalled);
-            }
-        }
-        Ok((used, false))
+            0
+        })?;
+        Ok((done.used, done.again))
     }
 
     /// Fills posted receive buffers from the tap until either runs out;
