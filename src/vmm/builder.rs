@@ -70,12 +70,7 @@ pub fn build_for_boot(config: &VmConfig) -> Result<Vmm, VmError> {
         backend_for(&kvm, config.profile, config.guest),
         None,
     )?;
-    let virtio = VirtioBus::create(
-        &machine.vm,
-        &config.disks,
-        &config.nets,
-        &machine.vcpus[0].metrics(),
-    )?;
+    let virtio = VirtioBus::create(&machine.vm, &config.disks, &config.nets)?;
     let mut cmdline = format!("{} {}", config.cmdline, virtio.cmdline())
         .trim()
         .to_owned();
@@ -196,12 +191,7 @@ pub fn build_from_snapshot(config: &RestoreConfig) -> Result<Vmm, VmError> {
             .map_err(|e| VmError::VcpuState(saved.id, e))?;
     }
     snap.vm.apply(&machine.vm)?;
-    let virtio = VirtioBus::restore(
-        &machine.vm,
-        &snap.devices,
-        &machine.mem,
-        &machine.vcpus[0].metrics(),
-    )?;
+    let virtio = VirtioBus::restore(&machine.vm, &snap.devices, &machine.mem)?;
     log::info!(
         "snapshot {} restored in {:.1} ms",
         config.dir.display(),

@@ -48,6 +48,8 @@ pub struct Control {
     pub devices: Option<DeviceThread>,
     /// Their counters.
     pub metrics: Vec<Arc<VcpuMetrics>>,
+    /// Each virtio device's counters.
+    pub device_metrics: Vec<Arc<VcpuMetrics>>,
     /// The metrics file.
     pub metrics_file: Option<RewriteFile>,
     /// What the machine is.
@@ -324,7 +326,7 @@ impl Control {
                     let _ = reply.send(self.snapshot(&dir, kind, paused, "a request"));
                 }
                 Request::Metrics(reply) => {
-                    let _ = reply.send(VmCounters::of(&self.metrics));
+                    let _ = reply.send(VmCounters::of(&self.metrics, &self.device_metrics));
                 }
                 Request::Paused(reply) => {
                     let _ = reply.send(*paused);
@@ -595,7 +597,7 @@ impl Control {
         let Some(file) = &self.metrics_file else {
             return;
         };
-        let counters = VmCounters::of(&self.metrics);
+        let counters = VmCounters::of(&self.metrics, &self.device_metrics);
         let document = metrics_document(end, &counters, lwp);
         if let Err(e) = serde_json::to_vec_pretty(&document)
             .map_err(std::io::Error::other)
@@ -614,7 +616,7 @@ impl Control {
         let Some(file) = &self.metrics_file else {
             return;
         };
-        let counters = VmCounters::of(&self.metrics);
+        let counters = VmCounters::of(&self.metrics, &self.device_metrics);
         let mut document = metrics_document(None, &counters, lwp);
         document.error = Some(error.to_string());
         if let Err(e) = serde_json::to_vec_pretty(&document)
@@ -681,7 +683,7 @@ impl Control {
         self.write_metrics(Some(end), &lwp, &mut errors);
         Ok(RunOutcome {
             end,
-            metrics: VmCounters::of(&self.metrics),
+            metrics: VmCounters::of(&self.metrics, &self.device_metrics),
             lwp,
             errors,
         })

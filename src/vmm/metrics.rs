@@ -90,8 +90,8 @@ counters! {
     snapshots,
     /// MMIO exits (virtio registers; queue notifications do not exit).
     exits_mmio,
-    /// virtio block reads completed (the device counters are counted on
-    /// vCPU 0).
+    /// virtio block reads completed (device counters are each device's
+    /// own, in `VmCounters::devices`).
     disk_reads,
     /// virtio block writes completed.
     disk_writes,
@@ -165,39 +165,64 @@ impl VcpuMetrics {
     }
 }
 
-/// A VM's counters: the totals over its vCPUs, then each vCPU's own.
+/// The counters a virtio device keeps (of its own, not a vCPU's).
+pub const DEVICE_COUNTERS: [&str; 8] = [
+    "disk_reads",
+    "disk_writes",
+    "disk_flushes",
+    "net_rx_frames",
+    "net_tx_frames",
+    "net_rx_dropped",
+    "net_tx_dropped",
+    "device_errors",
+];
+
+/// A VM's counters: the totals over its vCPUs and devices, then each
+/// vCPU's own and each virtio device's own.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct VmCounters {
-    /// The sums over every vCPU.
+    /// The sums over every vCPU and device.
     #[serde(flatten)]
     pub total: Counters,
     /// Each vCPU's counters, by index.
     pub vcpus: Vec<Counters>,
+    /// Each virtio device's counters, by slot (disks first, then network
+    /// devices); only [`DEVICE_COUNTERS`] move.
+    pub devices: Vec<Counters>,
 }
 
 impl VmCounters {
     /// The VM's counters now.
-    pub fn of(vcpus: &[Arc<VcpuMetrics>]) -> Self {
+    pub fn of(vcpus: &[Arc<VcpuMetrics>], devices: &[Arc<VcpuMetrics>]) -> Self {
         let vcpus: Vec<Counters> = vcpus.iter().map(|m| m.counters()).collect();
+        let devices: Vec<Counters> = devices.iter().map(|m| m.counters()).collect();
         let mut total = Counters::default();
-        vcpus.iter().for_each(|c| total.add(c));
-        VmCounters { total, vcpus }
+        vcpus.iter().chain(&devices).for_each(|c| total.add(c));
+        VmCounters {
+            total,
+            vcpus,
+            devices,
+        }
     }
 }
 
 impl VmCounters {
     /// The counters in the Prometheus text format (version 0.0.4), one
-    /// series per vCPU: `lwpvmm_<name>_total{vcpu="N"}`. The step backend
-    /// flags are gauges (0 or 1), without the `_total`.
+    /// series per vCPU, `lwpvmm_<name>_total{vcpu="N"}`, and for a device
+    /// counter one per device too, `{device="N"}`: a sum over the labels is
+    /// the VM's total. The step backend flags are gauges (0 or 1), without
+    /// the `_total`.
     pub fn prometheus(&self) -> String {
-        let vcpus: Vec<serde_json::Map<String, serde_json::Value>> = self
-            .vcpus
-            .iter()
-            .filter_map(|c| match serde_json::to_value(c) {
-                Ok(serde_json::Value::Object(map)) => Some(map),
-                _ => None,
-            })
-            .collect();
+        let maps = |counters: &[Counters]| -> Vec<serde_json::Map<String, serde_json::Value>> {
+            counters
+                .iter()
+                .filter_map(|c| match serde_json::to_value(c) {
+                    Ok(serde_json::Value::Object(map)) => Some(map),
+                    _ => None,
+                })
+                .collect()
+        };
+        let (vcpus, devices) = (maps(&self.vcpus), maps(&self.devices));
         let mut out = String::new();
         let Some(first) = vcpus.first() else {
             return out;
@@ -223,6 +248,15 @@ impl VmCounters {
                     value.unwrap_or(0)
                 ));
             }
+            if DEVICE_COUNTERS.contains(&name.as_str()) {
+                for (id, map) in devices.iter().enumerate() {
+                    let value = map.get(name).and_then(serde_json::Value::as_u64);
+                    out.push_str(&format!(
+                        "{series}{{device=\"{id}\"}} {}\n",
+                        value.unwrap_or(0)
+                    ));
+                }
+            }
         }
         out
     }
@@ -240,7 +274,7 @@ mod tests {
         a.lwpins.fetch_add(3, Ordering::Relaxed);
         b.lwpins.fetch_add(4, Ordering::Relaxed);
         b.steps.fetch_add(1, Ordering::Relaxed);
-        let vm = VmCounters::of(&[a, b]);
+        let vm = VmCounters::of(&[a, b], &[]);
         assert_eq!((vm.total.lwpins, vm.total.steps), (7, 1));
         assert_eq!(vm.vcpus[1].lwpins, 4);
         let json = serde_json::to_value(&vm).unwrap();
@@ -254,12 +288,22 @@ mod tests {
         let b = Arc::new(VcpuMetrics::default());
         b.lwpins.fetch_add(4, Ordering::Relaxed);
         a.step_backend_trap_flag.store(1, Ordering::Relaxed);
-        let text = VmCounters::of(&[a, b]).prometheus();
+        let disk = Arc::new(VcpuMetrics::default());
+        disk.disk_reads.fetch_add(5, Ordering::Relaxed);
+        let vm = VmCounters::of(&[a, b], &[disk]);
+        assert_eq!(
+            (vm.total.disk_reads, vm.vcpus[0].disk_reads),
+            (5, 0),
+            "the device's own"
+        );
+        let text = vm.prometheus();
         for line in [
             "# HELP lwpvmm_lwpins_total LWPINS executed.",
             "# TYPE lwpvmm_lwpins_total counter",
             "lwpvmm_lwpins_total{vcpu=\"0\"} 0",
             "lwpvmm_lwpins_total{vcpu=\"1\"} 4",
+            "lwpvmm_disk_reads_total{vcpu=\"0\"} 0",
+            "lwpvmm_disk_reads_total{device=\"0\"} 5",
             "# TYPE lwpvmm_step_backend_trap_flag gauge",
             "lwpvmm_step_backend_trap_flag{vcpu=\"0\"} 1",
         ] {

@@ -354,12 +354,9 @@ impl Vmm {
         let metrics: Vec<Arc<VcpuMetrics>> = self.vcpus.iter().map(Vcpu::metrics).collect();
         let seccomp = self.host.seccomp;
         // Devices first: a vCPU may notify a queue at its first instruction.
-        let devices = DeviceThread::start(
-            &self.shared.virtio,
-            Arc::clone(&self.shared.mem),
-            Arc::clone(&metrics[0]),
-            seccomp,
-        )?;
+        let device_metrics = self.shared.virtio.metrics();
+        let devices =
+            DeviceThread::start(&self.shared.virtio, Arc::clone(&self.shared.mem), seccomp)?;
         let mut handles: Vec<VcpuHandle> = Vec::new();
         for vcpu in self.vcpus {
             match vcpu.start(Arc::clone(&self.shared), seccomp) {
@@ -395,6 +392,7 @@ impl Vmm {
             vcpus: handles,
             devices,
             metrics,
+            device_metrics,
             metrics_file: self.outputs_metrics,
             spec: self.spec,
             plan: self.host.snapshots.clone(),

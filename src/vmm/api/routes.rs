@@ -589,7 +589,7 @@ mod tests {
                         });
                     }
                     VmRequest::Metrics(r) => {
-                        let _ = r.send(VmCounters::of(&[Arc::new(VcpuMetrics::default())]));
+                        let _ = r.send(VmCounters::of(&[Arc::new(VcpuMetrics::default())], &[]));
                     }
                     VmRequest::Paused(r) => {
                         let _ = r.send(true);

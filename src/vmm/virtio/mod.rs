@@ -186,6 +186,8 @@ pub struct Slot {
     pub transport: Arc<Mutex<MmioTransport>>,
     /// Its queues' ioeventfds, which the device thread polls.
     pub notify: Vec<EventFd>,
+    /// Its own counters (reads, writes, frames, errors).
+    pub metrics: Arc<VcpuMetrics>,
 }
 
 /// The virtio devices of a VM.
@@ -202,7 +204,7 @@ fn eventfd() -> Result<EventFd, VirtioError> {
 fn open_disk(
     path: &Path,
     read_only: bool,
-    metrics: &Arc<VcpuMetrics>,
+    metrics: Arc<VcpuMetrics>,
 ) -> Result<Block, VirtioError> {
     let file = OpenOptions::new()
         .read(true)
@@ -230,12 +232,12 @@ fn open_disk(
         path.to_owned(),
         bytes,
         read_only,
-        Arc::clone(metrics),
+        metrics,
     ))
 }
 
 /// Opens a tap and builds its device.
-fn open_net(tap: &str, mac: [u8; 6], metrics: &Arc<VcpuMetrics>) -> Result<Net, VirtioError> {
+fn open_net(tap: &str, mac: [u8; 6], metrics: Arc<VcpuMetrics>) -> Result<Net, VirtioError> {
     // TUNSETIFF would create a tap of that name, unconnected and gone at
     // exit, where a name is mistyped: lwpvmm only opens existing taps.
     if nix::net::if_::if_nametoindex(tap).is_err() {
@@ -251,12 +253,7 @@ fn open_net(tap: &str, mac: [u8; 6], metrics: &Arc<VcpuMetrics>) -> Result<Net, 
         tap: tap.to_owned(),
         source,
     })?;
-    Ok(Net::new(
-        Box::new(iface),
-        tap.to_owned(),
-        mac,
-        Arc::clone(metrics),
-    ))
+    Ok(Net::new(Box::new(iface), tap.to_owned(), mac, metrics))
 }
 
 /// The default MAC of the `index`th device.
@@ -267,28 +264,33 @@ fn default_mac(index: usize) -> [u8; 6] {
 impl VirtioBus {
     /// Opens the disks, then the taps, and wires each device into `vm`:
     /// disks first, in order (so the first `--disk` is /dev/vda), then the
-    /// network devices. Device counters go to `metrics`.
+    /// network devices. Each device counts into counters of its own
+    /// ([`Self::metrics`]).
     pub fn create(
         vm: &VmFd,
         disks: &[DiskConfig],
         nets: &[NetConfig],
-        metrics: &Arc<VcpuMetrics>,
     ) -> Result<Self, VirtioError> {
         let count = disks.len() + nets.len();
         if count > MAX_DEVICES {
             return Err(VirtioError::TooMany(count));
         }
-        let mut devices: Vec<Box<dyn VirtioDevice>> = Vec::new();
+        let mut devices: Vec<(Box<dyn VirtioDevice>, Arc<VcpuMetrics>)> = Vec::new();
         for d in disks {
-            devices.push(Box::new(open_disk(&d.path, d.read_only, metrics)?));
+            let m = Arc::<VcpuMetrics>::default();
+            devices.push((
+                Box::new(open_disk(&d.path, d.read_only, Arc::clone(&m))?),
+                m,
+            ));
         }
         for (i, n) in nets.iter().enumerate() {
             let mac = n.mac.unwrap_or_else(|| default_mac(disks.len() + i));
-            devices.push(Box::new(open_net(&n.tap, mac, metrics)?));
+            let m = Arc::<VcpuMetrics>::default();
+            devices.push((Box::new(open_net(&n.tap, mac, Arc::clone(&m))?), m));
         }
         let mut bus = VirtioBus::default();
-        for device in devices {
-            bus.attach(vm, device, |device, irq, notify| {
+        for (device, metrics) in devices {
+            bus.attach(vm, device, metrics, |device, irq, notify| {
                 MmioTransport::new(device, irq, notify)
             })?;
         }
@@ -302,20 +304,20 @@ impl VirtioBus {
         vm: &VmFd,
         saved: &[DeviceSnapshot],
         mem: &GuestMemory,
-        metrics: &Arc<VcpuMetrics>,
     ) -> Result<Self, VirtioError> {
         if saved.len() > MAX_DEVICES {
             return Err(VirtioError::TooMany(saved.len()));
         }
         let mut bus = VirtioBus::default();
         for s in saved {
+            let metrics = Arc::<VcpuMetrics>::default();
             let device: Box<dyn VirtioDevice> = match &s.spec {
                 DeviceSpec::Block {
                     path,
                     bytes,
                     read_only,
                 } => {
-                    let disk = open_disk(path, *read_only, metrics)?;
+                    let disk = open_disk(path, *read_only, Arc::clone(&metrics))?;
                     if disk.spec() != s.spec {
                         return Err(VirtioError::Snapshot(format!(
                             "the disk {} was {bytes} bytes when the snapshot was taken and is {} now",
@@ -328,9 +330,11 @@ impl VirtioBus {
                     }
                     Box::new(disk)
                 }
-                DeviceSpec::Net { tap, mac } => Box::new(open_net(tap, *mac, metrics)?),
+                DeviceSpec::Net { tap, mac } => {
+                    Box::new(open_net(tap, *mac, Arc::clone(&metrics))?)
+                }
             };
-            bus.attach(vm, device, |device, irq, notify| {
+            bus.attach(vm, device, metrics, |device, irq, notify| {
                 MmioTransport::restore(device, irq, notify, &s.transport, mem)
             })?;
         }
@@ -342,6 +346,7 @@ impl VirtioBus {
         &mut self,
         vm: &VmFd,
         device: Box<dyn VirtioDevice>,
+        metrics: Arc<VcpuMetrics>,
         transport: impl FnOnce(
             Box<dyn VirtioDevice>,
             EventFd,
@@ -379,6 +384,7 @@ impl VirtioBus {
             gsi,
             transport: Arc::new(Mutex::new(transport)),
             notify,
+            metrics,
         });
         Ok(())
     }
@@ -436,6 +442,11 @@ impl VirtioBus {
     }
 
     /// Every device's state, for a snapshot (the device thread is paused).
+    /// Each device's counters, in slot order.
+    pub fn metrics(&self) -> Vec<Arc<VcpuMetrics>> {
+        self.slots.iter().map(|s| Arc::clone(&s.metrics)).collect()
+    }
+
     pub fn snapshot(&self) -> Result<Vec<DeviceSnapshot>, crate::vmm::control_error::ControlError> {
         self.slots
             .iter()
@@ -479,8 +490,7 @@ mod tests {
                 read_only: true,
             },
         ];
-        let metrics = Arc::new(VcpuMetrics::default());
-        let bus = VirtioBus::create(&vm, &disks, &[], &metrics).unwrap();
+        let bus = VirtioBus::create(&vm, &disks, &[]).unwrap();
         assert_eq!(
             bus.cmdline(),
             "virtio_mmio.device=4K@0xd0000000:5 virtio_mmio.device=4K@0xd0001000:6"
@@ -512,9 +522,7 @@ mod tests {
                 path,
                 read_only: false,
             };
-            let err = VirtioBus::create(&vm, &[disk], &[], &metrics)
-                .err()
-                .unwrap();
+            let err = VirtioBus::create(&vm, &[disk], &[]).err().unwrap();
             assert!(err.to_string().contains(message), "{err}");
         }
         // A snapshot's devices restore on a new VM; an image whose length
@@ -522,19 +530,17 @@ mod tests {
         let saved = bus.snapshot().unwrap();
         let other = kvm.create_vm().unwrap();
         other.create_irq_chip().unwrap();
-        let back = VirtioBus::restore(&other, &saved, &mem, &metrics).unwrap();
+        let back = VirtioBus::restore(&other, &saved, &mem).unwrap();
         assert_eq!(back.snapshot().unwrap(), saved);
         std::fs::write(&a, vec![0u8; 8192]).unwrap();
         let third = kvm.create_vm().unwrap();
         third.create_irq_chip().unwrap();
-        let err = VirtioBus::restore(&third, &saved, &mem, &metrics)
-            .err()
-            .unwrap();
+        let err = VirtioBus::restore(&third, &saved, &mem).err().unwrap();
         assert!(err.to_string().contains("was 4096 bytes"), "{err}");
         assert!(err.to_string().contains("8192 now"), "{err}");
         let many = vec![disks[0].clone(); MAX_DEVICES + 1];
         assert!(matches!(
-            VirtioBus::create(&vm, &many, &[], &metrics),
+            VirtioBus::create(&vm, &many, &[]),
             Err(VirtioError::TooMany(9))
         ));
         std::fs::remove_dir_all(&dir).unwrap();

@@ -55,12 +55,12 @@ struct Device {
     notify: Vec<EventFd>,
     tap: Option<RawFd>,
     polling: bool,
+    metrics: Arc<VcpuMetrics>,
 }
 
 struct Loop {
     devices: Vec<Device>,
     mem: Arc<GuestMemory>,
-    metrics: Arc<VcpuMetrics>,
     wake: EventFd,
     events: Receiver<DeviceEvent>,
     replies: Sender<DeviceEvent>,
@@ -117,7 +117,7 @@ impl Loop {
             }
             Err(e) => {
                 guest_warn!(
-                    self.metrics.device_errors,
+                    self.devices[slot].metrics.device_errors,
                     "virtio device {slot}: {e}; it needs a reset by the guest"
                 );
             }
@@ -212,7 +212,6 @@ impl DeviceThread {
     pub fn start(
         bus: &VirtioBus,
         mem: Arc<GuestMemory>,
-        metrics: Arc<VcpuMetrics>,
         mode: SeccompMode,
     ) -> Result<Option<Self>, VmError> {
         if bus.is_empty() {
@@ -241,6 +240,7 @@ impl DeviceThread {
                 notify,
                 tap,
                 polling: false,
+                metrics: Arc::clone(&s.metrics),
             });
         }
         let (events, their_events) = channel();
@@ -248,7 +248,6 @@ impl DeviceThread {
         let state = Loop {
             devices,
             mem,
-            metrics,
             wake: wake.try_clone().map_err(err)?,
             events: their_events,
             replies: their_replies,
