@@ -10,6 +10,7 @@ mod exit;
 mod inject;
 mod lwp;
 mod ops;
+mod run_state;
 mod state_call;
 mod stepper;
 #[cfg(test)]
@@ -28,6 +29,7 @@ use thiserror::Error;
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::signal::{Killable, SIGRTMIN};
 
+use self::run_state::{Reply, RunState, Transition};
 use crate::guard::GuestMemory;
 use crate::lwp::cpuid::{CpuidEntry, LwpFeatures};
 use crate::lwp::unit::{LwpUnit, UnitStats};
@@ -418,8 +420,9 @@ impl Vcpu {
         }
     }
 
-    /// Takes the events waiting; `hold` pauses without being asked (a
-    /// snapshot point). Returns how to leave the loop, if it must.
+    /// Takes the events waiting, by the run-state table (`run_state`);
+    /// `hold` pauses without being asked (a snapshot point). Returns how to
+    /// leave the loop, if it must.
     fn events(
         &mut self,
         mailbox: &Mailbox,
@@ -427,79 +430,80 @@ impl Vcpu {
         hold: bool,
     ) -> Result<Option<VcpuStop>, VcpuError> {
         if hold {
-            return self.paused(mailbox, shared, false);
+            return self.paused(mailbox, shared, run_state::on_hold());
         }
         while let Ok(event) = mailbox.events.try_recv() {
-            match event {
-                VcpuEvent::Pause => {
-                    if let Some(stop) = self.paused(mailbox, shared, true)? {
+            let step = run_state::on_event(RunState::Running, event);
+            match step.next {
+                RunState::Paused => {
+                    if let Some(stop) = self.paused(mailbox, shared, step)? {
                         return Ok(Some(stop));
                     }
                 }
-                VcpuEvent::Finish => return Ok(Some(VcpuStop::Stopped)),
-                VcpuEvent::Resume => {
-                    let _ = mailbox.responses.send(VcpuResponse::Resumed);
-                }
-                VcpuEvent::SaveState => {
-                    let refused = Err(crate::vmm::control_error::ControlError::Protocol {
-                        who: "a running vCPU",
-                        answer: "no state".into(),
-                        asked: "SaveState",
-                    });
-                    let _ = mailbox
-                        .responses
-                        .send(VcpuResponse::State(Box::new(refused)));
-                }
+                RunState::Stopped => return Ok(Some(VcpuStop::Stopped)),
+                RunState::Running => self.reply(mailbox, shared, step.reply),
             }
         }
         Ok(None)
     }
 
-    /// Pauses at a consistent point: KVM completes pending I/O and applies
-    /// dirty registers, then returns without entering the guest. Then waits
-    /// for events until resumed or finished.
+    /// Enters Paused by `entry`: settles at a consistent point (KVM
+    /// completes pending I/O and applies dirty registers, then returns
+    /// without entering the guest), answers, then follows the events until
+    /// resumed or finished.
     fn paused(
         &mut self,
         mailbox: &Mailbox,
         shared: &Shared,
-        asked: bool,
+        entry: Transition,
     ) -> Result<Option<VcpuStop>, VcpuError> {
-        let id = self.kvm.id();
-        let fd = self.kvm.fd_mut();
-        fd.set_kvm_immediate_exit(1);
-        let completed = fd.run().map(|_| ());
-        fd.set_kvm_immediate_exit(0);
-        match completed {
-            Err(e) if e.errno() != libc::EINTR && e.errno() != libc::EAGAIN => {
-                return Err(VcpuError::Run {
-                    vcpu: id,
-                    source: e,
-                });
+        if entry.settle {
+            let id = self.kvm.id();
+            let fd = self.kvm.fd_mut();
+            fd.set_kvm_immediate_exit(1);
+            let completed = fd.run().map(|_| ());
+            fd.set_kvm_immediate_exit(0);
+            match completed {
+                Err(e) if e.errno() != libc::EINTR && e.errno() != libc::EAGAIN => {
+                    return Err(VcpuError::Run {
+                        vcpu: id,
+                        source: e,
+                    });
+                }
+                _ => {}
             }
-            _ => {}
         }
-        if asked {
-            let _ = mailbox.responses.send(VcpuResponse::Paused);
-        }
+        self.reply(mailbox, shared, entry.reply);
         loop {
             let Ok(event) = mailbox.events.recv() else {
                 return Ok(Some(VcpuStop::Stopped));
             };
-            match event {
-                VcpuEvent::Pause => {
-                    let _ = mailbox.responses.send(VcpuResponse::Paused);
-                }
-                VcpuEvent::SaveState => {
-                    let state = self.capture(shared);
-                    let _ = mailbox.responses.send(VcpuResponse::State(Box::new(state)));
-                }
-                VcpuEvent::Resume => {
-                    let _ = mailbox.responses.send(VcpuResponse::Resumed);
-                    return Ok(None);
-                }
-                VcpuEvent::Finish => return Ok(Some(VcpuStop::Stopped)),
+            let step = run_state::on_event(RunState::Paused, event);
+            self.reply(mailbox, shared, step.reply);
+            match step.next {
+                RunState::Paused => {}
+                RunState::Running => return Ok(None),
+                RunState::Stopped => return Ok(Some(VcpuStop::Stopped)),
             }
         }
+    }
+
+    /// Sends the control thread `reply`.
+    fn reply(&self, mailbox: &Mailbox, shared: &Shared, reply: Option<Reply>) {
+        let response = match reply {
+            None => return,
+            Some(Reply::Paused) => VcpuResponse::Paused,
+            Some(Reply::Resumed) => VcpuResponse::Resumed,
+            Some(Reply::State) => VcpuResponse::State(Box::new(self.capture(shared))),
+            Some(Reply::StateRefused) => VcpuResponse::State(Box::new(Err(
+                crate::vmm::control_error::ControlError::Protocol {
+                    who: "a running vCPU",
+                    answer: "no state".into(),
+                    asked: "SaveState",
+                },
+            ))),
+        };
+        let _ = mailbox.responses.send(response);
     }
 
     /// The vCPU's whole state: KVM's and its LWP state.
