@@ -71,15 +71,18 @@ fn leaf_of_cpuid_command(profile: &str, guest: &str) -> String {
     )
 }
 
-/// The first function of `lwpvmm report`'s table.
-fn top_function(report: &str) -> Option<&str> {
+/// Every function row of a report: (function, samples), most first.
+fn functions(report: &str) -> Vec<(&str, u64)> {
     report
         .lines()
         .filter(|l| !l.starts_with('#'))
-        .find_map(|l| {
+        .filter_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
-            (f.len() == 3 && f[0].parse::<u64>().is_ok()).then(|| f[2])
+            (f.len() == 3)
+                .then(|| f[0].parse::<u64>().ok().map(|n| (f[2], n)))
+                .flatten()
         })
+        .collect()
 }
 
 /// The self-test's programs, each one check line of /init.
@@ -224,9 +227,21 @@ fn a_guest_on_two_vcpus_passes_profiles_and_resumes_from_a_snapshot() {
             .expect("run lwpvmm report");
         let text = String::from_utf8_lossy(&report.stdout);
         assert!(report.status.success(), "{option} {file:?}: {report:?}");
-        assert_eq!(
-            top_function(&text),
-            Some("hot_4"),
+        // Every frame is named from lwp-hot's own ELF, and the work shows:
+        // hot_4 (4 units) well above hot_1 (1 unit). Not "hot_4 on top":
+        // on these hosts the ring drain's LWP instructions run the guest
+        // kernel's emulated #UD path, and that CPU time is charged to the
+        // next user-mode sample, which lands in the loop's first functions
+        // (hot_1, hot_2) more often; with two 2-vCPU guests on two cores
+        // that bias put hot_2 level with hot_4 (46% to 44%) in one CI run.
+        let rows = functions(&text);
+        let samples = |name: &str| rows.iter().find(|(f, _)| *f == name).map_or(0, |r| r.1);
+        assert!(
+            ["hot_1", "hot_2", "hot_4"].iter().all(|f| samples(f) > 0),
+            "{option} {file:?}: {text}"
+        );
+        assert!(
+            samples("hot_4") > 2 * samples("hot_1"),
             "{option} {file:?}: {text}"
         );
     }
