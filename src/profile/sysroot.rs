@@ -147,22 +147,23 @@ impl GuestFile<'_> {
     }
 }
 
-/// The guest's files.
+/// The guest's files, and the count of guest files refused (not the ones
+/// just absent), for the metrics.
 #[derive(Debug)]
-pub enum Sysroot {
-    /// A directory: the guest's `/a/b` is `DIR/a/b`.
-    Dir {
-        /// The directory, opened once: guest paths are opened below it.
-        root: OwnedFd,
-        /// Guest files refused (not the ones just absent).
-        refused: AtomicU64,
-    },
+pub struct Sysroot {
+    files: Files,
+    refused: AtomicU64,
+}
+
+#[derive(Debug)]
+enum Files {
+    /// A directory, opened once: guest paths are opened below it (the
+    /// guest's `/a/b` is `DIR/a/b`).
+    Dir(OwnedFd),
     /// An initramfs in memory, with where each regular file's bytes lie.
     Archive {
         bytes: Vec<u8>,
         files: HashMap<String, Range<usize>>,
-        /// Guest files refused (not the ones just absent).
-        refused: AtomicU64,
     },
 }
 
@@ -181,10 +182,7 @@ impl Sysroot {
                 Mode::empty(),
             )
             .map_err(|e| read(e.into()))?;
-            return Ok(Sysroot::Dir {
-                root,
-                refused: AtomicU64::new(0),
-            });
+            return Ok(Sysroot::of(Files::Dir(root)));
         }
         let file = File::open(path).map_err(read)?;
         if !file.metadata().map_err(read)?.is_file() {
@@ -217,18 +215,21 @@ impl Sysroot {
             path: path.to_path_buf(),
             source,
         })?;
-        Ok(Sysroot::Archive {
-            bytes,
+        Ok(Sysroot::of(Files::Archive { bytes, files }))
+    }
+
+    fn of(files: Files) -> Self {
+        Sysroot {
             files,
             refused: AtomicU64::new(0),
-        })
+        }
     }
 
     /// A directory sysroot, for tests.
     #[cfg(test)]
     pub fn dir(path: &Path) -> Self {
         match Sysroot::open(path) {
-            Ok(root @ Sysroot::Dir { .. }) => root,
+            Ok(root) if matches!(root.files, Files::Dir(_)) => root,
             other => panic!("{}: not a directory sysroot: {other:?}", path.display()),
         }
     }
@@ -236,11 +237,7 @@ impl Sysroot {
     /// Guest files refused so far (symbolic links, devices, FIFOs, files
     /// too large, ...), for the metrics.
     pub fn refused(&self) -> u64 {
-        match self {
-            Sysroot::Dir { refused, .. } | Sysroot::Archive { refused, .. } => {
-                refused.load(Ordering::Relaxed)
-            }
-        }
+        self.refused.load(Ordering::Relaxed)
     }
 
     /// Opens the guest file `guest_path` after the checks the module's
@@ -250,20 +247,16 @@ impl Sysroot {
         if let Err(r) = &got
             && r.refused()
         {
-            match self {
-                Sysroot::Dir { refused, .. } | Sysroot::Archive { refused, .. } => {
-                    refused.fetch_add(1, Ordering::Relaxed);
-                }
-            }
+            self.refused.fetch_add(1, Ordering::Relaxed);
         }
         got
     }
 
     fn open_checked(&self, guest_path: &str) -> Result<GuestFile<'_>, Refusal> {
         let parts = normal(guest_path).ok_or(Refusal::BadPath)?;
-        match self {
-            Sysroot::Dir { root, .. } => open_below(root, &parts),
-            Sysroot::Archive { bytes, files, .. } => {
+        match &self.files {
+            Files::Dir(root) => open_below(root, &parts),
+            Files::Archive { bytes, files } => {
                 let range = files.get(&parts.join("/")).ok_or(Refusal::Missing)?;
                 let size = range.len() as u64;
                 if size > FILE_MAX {
@@ -317,10 +310,6 @@ fn open_below<'a>(root: &OwnedFd, parts: &[&str]) -> Result<GuestFile<'a>, Refus
         FileType::RegularFile => {}
         FileType::Symlink => return Err(Refusal::Symlink),
         _ => return Err(Refusal::NotRegular),
-    }
-    let size = u64::try_from(st.st_size).unwrap_or(u64::MAX);
-    if size > FILE_MAX {
-        return Err(Refusal::TooLarge(size));
     }
     let fd = rustix::fs::openat(at, *leaf, FILE_OPEN_FLAGS, Mode::empty()).map_err(refusal)?;
     // And again after: a file swapped in between is refused.

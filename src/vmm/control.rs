@@ -270,7 +270,7 @@ impl Control {
         );
         let mut errors = Vec::new();
         // A metrics file holds a whole document from the start.
-        self.write_metrics(None, &[], &mut errors);
+        self.write_metrics(Ok(None), &[]);
         let mut paused = false;
         let signal = loop {
             let seen = sources
@@ -289,7 +289,7 @@ impl Control {
                         "SIGUSR1 writes the metrics to the --metrics file: this run has none"
                     );
                 }
-                self.write_metrics(None, &[], &mut errors);
+                self.write_metrics(Ok(None), &[]);
             }
             if seen.snapshot.contains(&"SIGUSR2") && self.plan.dir.is_none() {
                 log::warn!("SIGUSR2 takes a snapshot into --snapshot-dir: this run has none");
@@ -588,43 +588,25 @@ impl Control {
         Ok((state_bytes, memory_bytes))
     }
 
+    /// Writes the metrics file (when there is one): how the run ended
+    /// (`None` while it runs), or the error it ended on. A failure is
+    /// logged, and returned when the run has ended.
     fn write_metrics(
         &self,
-        end: Option<VmEnd>,
+        end: Result<Option<VmEnd>, &VmError>,
         lwp: &[crate::lwp::unit::UnitStats],
-        errors: &mut Vec<String>,
-    ) {
-        let Some(file) = &self.metrics_file else {
-            return;
-        };
+    ) -> Option<String> {
+        let file = self.metrics_file.as_ref()?;
         let counters = VmCounters::of(&self.metrics, &self.device_metrics);
-        let document = metrics_document(end, &counters, lwp);
-        if let Err(e) = serde_json::to_vec_pretty(&document)
+        let mut document = metrics_document(end.ok().flatten(), &counters, lwp);
+        document.error = end.err().map(ToString::to_string);
+        let e = serde_json::to_vec_pretty(&document)
             .map_err(std::io::Error::other)
             .and_then(|bytes| file.replace(&bytes))
-        {
-            let e = format!("cannot write the metrics to {}: {e}", file.path().display());
-            log::error!("{e}");
-            if end.is_some() {
-                errors.push(e);
-            }
-        }
-    }
-
-    /// The metrics of a run that ended on `error`.
-    fn write_failed_metrics(&self, error: &VmError, lwp: &[crate::lwp::unit::UnitStats]) {
-        let Some(file) = &self.metrics_file else {
-            return;
-        };
-        let counters = VmCounters::of(&self.metrics, &self.device_metrics);
-        let mut document = metrics_document(None, &counters, lwp);
-        document.error = Some(error.to_string());
-        if let Err(e) = serde_json::to_vec_pretty(&document)
-            .map_err(std::io::Error::other)
-            .and_then(|bytes| file.replace(&bytes))
-        {
-            log::error!("cannot write the metrics to {}: {e}", file.path().display());
-        }
+            .err()?;
+        let e = format!("cannot write the metrics to {}: {e}", file.path().display());
+        log::error!("{e}");
+        matches!(end, Ok(Some(_))).then_some(e)
     }
 
     /// Stops and joins every vCPU, flushes the console and the trace, writes
@@ -667,7 +649,7 @@ impl Control {
         let end = match (first, signal) {
             (Some(Err(e)), _) => {
                 // What was counted is written also when the VM failed.
-                self.write_failed_metrics(&e, &lwp);
+                self.write_metrics(Err(&e), &lwp);
                 return Err(e);
             }
             (Some(Ok(end)), _) => VmEnd::Guest(end),
@@ -680,7 +662,7 @@ impl Control {
         if !matches!(end, VmEnd::Signal(_)) {
             log::info!("the VM ended: {end}");
         }
-        self.write_metrics(Some(end), &lwp, &mut errors);
+        errors.extend(self.write_metrics(Ok(Some(end)), &lwp));
         Ok(RunOutcome {
             end,
             metrics: VmCounters::of(&self.metrics, &self.device_metrics),
