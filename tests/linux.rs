@@ -233,7 +233,7 @@ fn a_guest_on_two_vcpus_passes_profiles_and_resumes_from_a_snapshot() {
         // kernel's emulated #UD path, and that CPU time is charged to the
         // next user-mode sample, which lands in the loop's first functions
         // (hot_1, hot_2) more often; with two 2-vCPU guests on two cores
-        // that bias put hot_2 level with hot_4 (46% to 44%) in one CI run.
+        // that bias once put hot_2 level with hot_4 in a CI run.
         let rows = functions(&text);
         let samples = |name: &str| rows.iter().find(|(f, _)| *f == name).map_or(0, |r| r.1);
         assert!(

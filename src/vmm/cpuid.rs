@@ -35,7 +35,7 @@ const LEAF_KVM_FEATURES: u32 = 0x4000_0001;
 /// migration there): with it, Linux rates its TSC clocksource above
 /// kvm-clock and reads time from the raw TSC, which a snapshot cannot
 /// carry on hosts that cannot offset it (kvm_pvm): a guest restored 30 s
-/// later jumped 48 s and reported RCU stalls. Without it Linux keeps
+/// later jumped by the whole pause and reported RCU stalls. Without it Linux keeps
 /// kvm-clock, which KVM_SET_CLOCK restores (docs/snapshot.md).
 const LEAF_POWER_MGMT: u32 = 0x8000_0007;
 const POWER_MGMT_EDX_INVARIANT_TSC: u32 = 1 << 8;
