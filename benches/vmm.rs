@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 
 use common::median;
 use lwpvmm::lwp::cpuid::LwpProfile;
-use lwpvmm::vmm::devices::{GuestEnd, SerialOut};
+use lwpvmm::vmm::devices::port_bus::{GuestEnd, SerialOut};
 use lwpvmm::vmm::{self, HostConfig, Profiling, VmConfig, VmEnd};
 
 /// Host settings that capture the console and otherwise keep the defaults.

@@ -2,7 +2,7 @@
 //! level (CPL) on this host, at CPL0 (run by KVM's emulator on kvm_pvm) and
 //! at CPL3 (native there), including in a DPL-0 conforming code segment,
 //! where CS.DPL is 0 whatever the CPL. lwpvmm takes the CPL from SS.DPL
-//! (`lwpvmm::vmm::privilege::cpl`, docs/security.md); this test is the
+//! (`lwpvmm::vmm::vcpu::privilege::cpl`, docs/security.md); this test is the
 //! evidence, so it drives KVM directly: a bare VM, the `cplprobe` guest, and
 //! the segment registers at each of its marks on the POST port.
 
@@ -11,7 +11,7 @@
 
 use kvm_ioctls::{Kvm, VcpuExit};
 use lwpvmm::vmm::boot;
-use lwpvmm::vmm::privilege::cpl;
+use lwpvmm::vmm::vcpu::privilege::cpl;
 
 /// (mark, the CPL the guest runs at there, in a conforming segment)
 const STAGES: [(u8, u8, bool); 4] = [(0, 0, false), (1, 0, true), (2, 3, false), (3, 3, true)];

@@ -15,7 +15,7 @@
 use std::os::unix::io::AsRawFd;
 use std::process::Command;
 
-use lwpvmm::vmm::seccomp::{SeccompMode, ThreadKind, install};
+use lwpvmm::vmm::base::seccomp::{SeccompMode, ThreadKind, install};
 
 const PROBE: &str = "LWPVMM_SECCOMP_PROBE";
 /// KVM_CREATE_VM: a KVM ioctl that no thread makes once the VM runs.

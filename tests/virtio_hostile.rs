@@ -19,8 +19,8 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use lwpvmm::vmm::devices::{GuestEnd, SerialOut};
-use lwpvmm::vmm::virtio::{DiskConfig, NetConfig};
+use lwpvmm::vmm::devices::port_bus::{GuestEnd, SerialOut};
+use lwpvmm::vmm::devices::virtio::{DiskConfig, NetConfig};
 use lwpvmm::vmm::{VmConfig, VmEnd};
 
 /// How much lwpvmm's resident memory may grow while the tap is flooded.

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use common::{lwpvmm, require_kvm};
 use lwpvmm::lwp::cpuid::{GuestLwpSupport, LwpProfile};
-use lwpvmm::vmm::devices::{GuestEnd, SerialOut};
+use lwpvmm::vmm::devices::port_bus::{GuestEnd, SerialOut};
 use lwpvmm::vmm::{self, HostConfig, Profiling, RunOutcome, VmConfig, VmEnd};
 
 fn boot(

@@ -11,7 +11,7 @@ use lwpvmm::guard::{GuestMemory, GuestView, Paging, PagingCaps};
 
 use lwpvmm::lwp::cpuid::LwpProfile;
 use lwpvmm::lwp::unit::LwpUnit;
-use lwpvmm::vmm::lwp_insn::{Context, SegmentBases, emulate};
+use lwpvmm::vmm::vcpu::lwp_insn::{Context, SegmentBases, emulate};
 use vm_memory::GuestAddress;
 
 fuzz_target!(|data: &[u8]| {

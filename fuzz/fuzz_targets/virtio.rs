@@ -12,10 +12,10 @@ use std::sync::Arc;
 
 use libfuzzer_sys::fuzz_target;
 use lwpvmm::guard::GuestMemory;
-use lwpvmm::vmm::metrics::VcpuMetrics;
-use lwpvmm::vmm::virtio::block::{Block, BlockBackend};
-use lwpvmm::vmm::virtio::mmio::VirtioDevice;
-use lwpvmm::vmm::virtio::net::{Net, Tap};
+use lwpvmm::vmm::base::metrics::VcpuMetrics;
+use lwpvmm::vmm::devices::virtio::block::{Block, BlockBackend};
+use lwpvmm::vmm::devices::virtio::mmio::VirtioDevice;
+use lwpvmm::vmm::devices::virtio::net::{Net, Tap};
 use virtio_queue::{Queue, QueueState};
 use vm_memory::{Bytes, GuestAddress};
 

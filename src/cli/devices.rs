@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use crate::vmm::virtio::{DiskConfig, NetConfig};
+use crate::vmm::devices::virtio::{DiskConfig, NetConfig};
 
 /// `PATH[,ro]`.
 pub fn parse_disk(text: &str) -> Result<DiskConfig, String> {

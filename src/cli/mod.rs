@@ -17,12 +17,12 @@ use crate::profile::report::ReportError;
 use crate::profile::trace::TraceError;
 use crate::vmm::api::ApiConfig;
 use crate::vmm::boot::BootError;
-use crate::vmm::devices::{GuestEnd, SerialOut};
+use crate::vmm::devices::port_bus::{GuestEnd, SerialOut};
 use crate::vmm::output::{OutputError, OutputKind};
-use crate::vmm::seccomp::SeccompMode;
-use crate::vmm::signals;
+use crate::vmm::base::seccomp::SeccompMode;
+use crate::vmm::base::signals;
 use crate::vmm::snapshot::SnapshotError;
-use crate::vmm::virtio::{DiskConfig, NetConfig};
+use crate::vmm::devices::virtio::{DiskConfig, NetConfig};
 use crate::vmm::{
     self, HostConfig, Profiling, RestoreConfig, RunOutcome, SnapshotPlan, VmConfig, VmEnd, VmError,
 };

@@ -7,7 +7,7 @@ use std::io::Cursor;
 
 use kvm_bindings::{kvm_regs, kvm_sregs};
 
-use super::privilege::segment;
+use crate::vmm::vcpu::privilege::segment;
 use linux_loader::configurator::linux::LinuxBootConfigurator;
 use linux_loader::configurator::pvh::PvhBootConfigurator;
 use linux_loader::configurator::{BootConfigurator, BootParams};
@@ -19,7 +19,7 @@ use linux_loader::loader::{BzImage, Cmdline, Elf, KernelLoader, PvhBootCapabilit
 use thiserror::Error;
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend};
 
-use super::acpi::{ACPI_END, ACPI_START, AcpiTables, RSDP_ADDR};
+use crate::vmm::devices::acpi::{ACPI_END, ACPI_START, AcpiTables, RSDP_ADDR};
 use crate::guard::GuestMemory;
 use crate::guard::pagetable::PteFlags;
 

@@ -11,23 +11,23 @@ use vm_memory::GuestMemoryBackend;
 
 use kvm_ioctls::{Kvm, SyncReg, VcpuExit, VcpuFd};
 
-use super::boot;
-use super::config::{HostConfig, RestoreConfig, VmConfig};
-use super::cpuid;
-use super::devices::{POST_PORT, PortBus};
-use super::error::{VmError, setup};
-use super::guest_paging::PagingSource;
-use super::machine::{self, MachineSpec, Restored};
-use super::output::RunOutputs;
-use super::privilege;
-use super::pv::{DB_PORT, EXIT_PORT};
-use super::snapshot::{self, SnapshotError, VcpuSnapshot, VmSnapshot};
-use super::step::StepBackend;
-use super::vcpu::Vcpu;
-use super::vcpu::VcpuOps;
-use super::vcpu_state;
-use super::virtio::VirtioBus;
-use super::vmm::Vmm;
+use crate::vmm::boot;
+use crate::vmm::config::{HostConfig, RestoreConfig, VmConfig};
+use crate::vmm::vcpu::cpuid;
+use crate::vmm::devices::port_bus::{POST_PORT, PortBus};
+use crate::vmm::error::{VmError, setup};
+use crate::vmm::vcpu::guest_paging::PagingSource;
+use crate::vmm::machine::{self, MachineSpec, Restored};
+use crate::vmm::output::RunOutputs;
+use crate::vmm::vcpu::privilege;
+use crate::vmm::base::pv::{DB_PORT, EXIT_PORT};
+use crate::vmm::snapshot::{self, SnapshotError, VcpuSnapshot, VmSnapshot};
+use crate::vmm::vcpu::step::StepBackend;
+use crate::vmm::vcpu::Vcpu;
+use crate::vmm::vcpu::VcpuOps;
+use crate::vmm::vcpu::vcpu_state;
+use crate::vmm::devices::virtio::VirtioBus;
+use crate::vmm::vmm::Vmm;
 use crate::guard::{Access, GuestMemory, GuestView};
 use crate::lwp::cpuid::{GuestLwpSupport, LwpFeatures, LwpProfile};
 
@@ -146,7 +146,7 @@ pub fn build_from_snapshot(config: &RestoreConfig) -> Result<Vmm, VmError> {
         guest: snap.guest,
     };
     let memory_file = snapshot::open_memory(&memory_dir, &memory_layout)?;
-    super::signals::exit_on_memory_file_sigbus().map_err(|e| VmError::Signal {
+    crate::vmm::base::signals::exit_on_memory_file_sigbus().map_err(|e| VmError::Signal {
         what: "SIGBUS",
         source: e.into(),
     })?;

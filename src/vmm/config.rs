@@ -7,9 +7,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::lwp::cpuid::{GuestLwpSupport, LwpProfile};
-use crate::vmm::devices::SerialOut;
-use crate::vmm::seccomp::SeccompMode;
-use crate::vmm::virtio::{DiskConfig, NetConfig};
+use crate::vmm::devices::port_bus::SerialOut;
+use crate::vmm::base::seccomp::SeccompMode;
+use crate::vmm::devices::virtio::{DiskConfig, NetConfig};
 
 /// Guest RAM unless the caller sets it, in MiB.
 pub const DEFAULT_MEMORY_MIB: u64 = 128;
@@ -94,7 +94,7 @@ pub struct HostConfig {
     /// The sampler, the trace and the metrics file.
     pub profiling: Profiling,
     /// Where the control API listens, if anywhere.
-    pub api: super::api::ApiConfig,
+    pub api: crate::vmm::api::ApiConfig,
 }
 
 impl Default for HostConfig {

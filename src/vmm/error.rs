@@ -4,12 +4,12 @@
 
 use thiserror::Error;
 
-use super::boot::BootError;
-use super::output::OutputError;
-use super::seccomp::SeccompError;
-use super::snapshot::SnapshotError;
-use super::vcpu::VcpuError;
-use super::vcpu_state::VcpuStateError;
+use crate::vmm::boot::BootError;
+use crate::vmm::output::OutputError;
+use crate::vmm::base::seccomp::SeccompError;
+use crate::vmm::snapshot::SnapshotError;
+use crate::vmm::vcpu::VcpuError;
+use crate::vmm::vcpu::vcpu_state::VcpuStateError;
 
 /// Why a VM could not be built or run.
 #[derive(Debug, Error)]
@@ -46,7 +46,7 @@ pub enum VmError {
     Config(&'static str),
     /// A virtio device could not be set up.
     #[error(transparent)]
-    Virtio(#[from] crate::vmm::virtio::VirtioError),
+    Virtio(#[from] crate::vmm::devices::virtio::VirtioError),
     /// A vCPU ended the VM with an error.
     #[error(transparent)]
     Vcpu(#[from] VcpuError),
@@ -69,7 +69,7 @@ pub enum VmError {
     EventLoop(String),
     /// A request to the running VM failed.
     #[error("{0}")]
-    Control(#[from] crate::vmm::control_error::ControlError),
+    Control(#[from] crate::vmm::base::control_error::ControlError),
     /// A thread could not be started.
     #[error("cannot start the {what} thread: {source}")]
     Thread {
@@ -80,7 +80,7 @@ pub enum VmError {
     },
     /// The control API could not start.
     #[error(transparent)]
-    Api(#[from] super::api::ApiError),
+    Api(#[from] crate::vmm::api::ApiError),
     /// A thread panicked.
     #[error("the {0} thread panicked")]
     Panicked(String),

@@ -5,36 +5,18 @@
 //! handling, the control thread, the paravirtual ABI, devices, boot,
 //! snapshots, metrics and the host-side hardening.
 
-pub mod acpi;
 pub mod api;
+pub mod base;
 pub mod boot;
 pub mod builder;
 pub mod config;
 pub mod control;
-pub mod control_error;
-pub mod cpuid;
 pub mod devices;
 pub mod error;
-pub mod guest_paging;
-pub mod ioapic;
-pub mod lwp_insn;
 pub mod machine;
-pub mod metrics;
 pub mod output;
-pub mod pit;
-pub mod pm;
-pub mod privilege;
-pub mod pv;
-pub mod ratelimit;
-pub mod recorder;
-pub mod seccomp;
-pub mod signals;
 pub mod snapshot;
-pub mod step;
-pub mod topology;
 pub mod vcpu;
-pub mod vcpu_state;
-pub mod virtio;
 #[allow(clippy::module_inception)]
 pub mod vmm;
 

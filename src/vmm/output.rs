@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
-use super::config::HostConfig;
-use super::devices::SerialOut;
+use crate::vmm::config::HostConfig;
+use crate::vmm::devices::port_bus::SerialOut;
 use crate::lwp::cpuid::LwpProfile;
 use crate::profile::trace::{TRACE_VERSION, TraceHeader, TraceWriter};
 

@@ -17,20 +17,20 @@ use serde::Serialize;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 use vmm_sys_util::signal::{SIGRTMIN, register_signal_handler};
 
-use super::api::ApiListeners;
-use super::config::HostConfig;
-use super::control::Control;
-use super::control_error::ControlError;
-use super::devices::GuestEnd;
-use super::error::VmError;
-use super::machine::{Machine, MachineSpec};
-use super::metrics::{VcpuMetrics, VmCounters};
-use super::output::RunOutputs;
-use super::recorder::Recorder;
-use super::signals::StopSignals;
-use super::vcpu::{Shared, Vcpu, VcpuEvent, VcpuHandle, kick_handler};
-use super::virtio::VirtioBus;
-use super::virtio::worker::DeviceThread;
+use crate::vmm::api::ApiListeners;
+use crate::vmm::config::HostConfig;
+use crate::vmm::control::Control;
+use crate::vmm::base::control_error::ControlError;
+use crate::vmm::devices::port_bus::GuestEnd;
+use crate::vmm::error::VmError;
+use crate::vmm::machine::{Machine, MachineSpec};
+use crate::vmm::base::metrics::{VcpuMetrics, VmCounters};
+use crate::vmm::output::RunOutputs;
+use crate::vmm::base::recorder::Recorder;
+use crate::vmm::base::signals::StopSignals;
+use crate::vmm::vcpu::{Shared, Vcpu, VcpuEvent, VcpuHandle, kick_handler};
+use crate::vmm::devices::virtio::VirtioBus;
+use crate::vmm::devices::virtio::worker::DeviceThread;
 use crate::lwp::cpuid::LwpFeatures;
 use crate::lwp::unit::UnitStats;
 
@@ -49,7 +49,7 @@ impl std::fmt::Display for VmEnd {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             VmEnd::Guest(end) => end.fmt(f),
-            VmEnd::Signal(signal) => write!(f, "{} received", super::signals::name(*signal)),
+            VmEnd::Signal(signal) => write!(f, "{} received", crate::vmm::base::signals::name(*signal)),
             VmEnd::Stopped => f.write_str("stopped through the API or a VmmHandle"),
         }
     }
@@ -240,13 +240,13 @@ pub struct Vmm {
     shared: Arc<Shared>,
     vcpus: Vec<Vcpu>,
     spec: MachineSpec,
-    outputs_metrics: Option<super::output::RewriteFile>,
+    outputs_metrics: Option<crate::vmm::output::RewriteFile>,
     host: HostConfig,
     requests: Receiver<Request>,
     handle: VmmHandle,
     api: Option<ApiListeners>,
     /// The snapshot this VM was restored from: a diff's first parent.
-    pub(super) parent: Option<super::snapshot::ParentRef>,
+    pub(super) parent: Option<crate::vmm::snapshot::ParentRef>,
 }
 
 impl Vmm {
@@ -298,7 +298,7 @@ impl Vmm {
             snapshot_point: eventfd()?,
         });
         if host.snapshots.diff {
-            super::machine::log_dirty_pages(&vm, &shared.mem)?;
+            crate::vmm::machine::log_dirty_pages(&vm, &shared.mem)?;
         }
         let api = ApiListeners::bind(&host.api)?;
         let (sender, requests) = channel();

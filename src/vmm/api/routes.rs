@@ -18,7 +18,7 @@ use crate::profile::objects::Resolver;
 use crate::profile::pprof;
 use crate::profile::sysroot::Sysroot;
 use crate::vmm::error::VmError;
-use crate::vmm::recorder::{CaptureError, CaptureId, CaptureOwner, EVENT_IDS};
+use crate::vmm::base::recorder::{CaptureError, CaptureId, CaptureOwner, EVENT_IDS};
 use crate::vmm::vmm::{SnapshotKind, VmmHandle};
 
 /// A pprof request's capture length unless it names one (Go's default).
@@ -551,8 +551,8 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::vmm::control_error::ControlError;
-    use crate::vmm::metrics::{VcpuMetrics, VmCounters};
+    use crate::vmm::base::control_error::ControlError;
+    use crate::vmm::base::metrics::{VcpuMetrics, VmCounters};
     use crate::vmm::vmm::{Request as VmRequest, SnapshotInfo};
 
     /// A handle whose requests a thread answers as a running VM would;

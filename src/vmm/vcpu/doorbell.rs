@@ -18,10 +18,10 @@ use crate::guard::{Access, GuestView};
 use crate::guest_warn;
 use crate::lwp::fault::GuestFault;
 use crate::profile::stack::UnwindStart;
-use crate::vmm::lwp_insn::{self, Context, LwpMnemonic, NotLwp, Outcome, SegmentBases};
-use crate::vmm::metrics::VcpuMetrics;
-use crate::vmm::privilege;
-use crate::vmm::pv::{FRAME_SIZE, Frame, Reply};
+use crate::vmm::vcpu::lwp_insn::{self, Context, LwpMnemonic, NotLwp, Outcome, SegmentBases};
+use crate::vmm::base::metrics::VcpuMetrics;
+use crate::vmm::vcpu::privilege;
+use crate::vmm::base::pv::{FRAME_SIZE, Frame, Reply};
 
 /// FWAIT's opcode.
 const FWAIT: u8 = 0x9b;
@@ -287,7 +287,7 @@ mod tests {
     use super::*;
     use crate::lwp::cpuid::LwpProfile;
     use crate::lwp::fault::{PF_FETCH, PF_USER};
-    use crate::vmm::pv::RFLAGS_CF;
+    use crate::vmm::base::pv::RFLAGS_CF;
     use crate::vmm::vcpu::testing::*;
 
     /// What a #UD doorbell test sets up before it rings.

@@ -16,12 +16,12 @@ use super::ops::VcpuOps;
 use super::{VcpuError, VcpuStep, doorbell, state_call, stepper};
 use crate::guard::GuestMemory;
 use crate::guest_warn;
-use crate::vmm::devices::{PortAction, PortBus};
-use crate::vmm::ioapic::IoapicDevice;
-use crate::vmm::metrics::VcpuMetrics;
-use crate::vmm::recorder::Recorder;
-use crate::vmm::step::StepBackend;
-use crate::vmm::virtio::VirtioBus;
+use crate::vmm::devices::port_bus::{PortAction, PortBus};
+use crate::vmm::devices::ioapic::IoapicDevice;
+use crate::vmm::base::metrics::VcpuMetrics;
+use crate::vmm::base::recorder::Recorder;
+use crate::vmm::vcpu::step::StepBackend;
+use crate::vmm::devices::virtio::VirtioBus;
 
 /// What an exit asks for once KVM's exit data is answered.
 #[derive(Debug, Clone, PartialEq)]
@@ -258,7 +258,7 @@ mod tests {
 
     use crate::lwp::cpuid::LwpProfile;
     use crate::lwp::msr::MSR_LWP_CFG;
-    use crate::vmm::devices::{GuestEnd, SerialOut};
+    use crate::vmm::devices::port_bus::{GuestEnd, SerialOut};
     use crate::vmm::vcpu::testing::Rig;
 
     fn bus() -> (Mutex<PortBus>, Arc<Mutex<Vec<u8>>>) {
@@ -386,7 +386,7 @@ mod tests {
 
     #[test]
     fn the_ioapic_window_is_answered_and_a_failed_route_update_is_an_error() {
-        use crate::vmm::ioapic::{IOAPIC_BASE, RoutingError};
+        use crate::vmm::devices::ioapic::{IOAPIC_BASE, RoutingError};
         let (bus, _) = bus();
         let mut lwp = VcpuLwp::new(LwpProfile::Off.caps(), false, None, None).unwrap();
         let metrics = VcpuMetrics::default();

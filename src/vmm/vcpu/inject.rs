@@ -16,8 +16,8 @@ use super::ops::Delivery;
 use crate::guard::{Access, GuestView};
 use crate::guest_warn;
 use crate::lwp::fault::GuestFault;
-use crate::vmm::privilege;
-use crate::vmm::pv::{Frame, Reply};
+use crate::vmm::vcpu::privilege;
+use crate::vmm::base::pv::{Frame, Reply};
 
 /// Injects `fault` with `regs` and `sregs` (see [`Delivery`]), counting a
 /// restart.

@@ -21,8 +21,8 @@ use crate::lwp::record::EventId;
 use crate::lwp::unit::{LwpUnit, ThresholdInterrupt, UnitState};
 use crate::profile::stack::{self, UnwindStart};
 use crate::profile::trace::TraceRecord;
-use crate::vmm::privilege;
-use crate::vmm::step::StepBackend;
+use crate::vmm::vcpu::privilege;
+use crate::vmm::vcpu::step::StepBackend;
 
 use super::VcpuError;
 

@@ -5,14 +5,21 @@
 //! handler makes KVM_RUN return) so that a running vCPU sees them at once.
 //! A paused vCPU blocks on its channel; nothing polls.
 
+pub mod cpuid;
 mod doorbell;
 mod exit;
+pub mod guest_paging;
 mod inject;
 mod lwp;
+pub mod lwp_insn;
 mod ops;
+pub mod privilege;
 mod run_state;
 mod state_call;
+pub mod step;
 mod stepper;
+pub mod topology;
+pub mod vcpu_state;
 #[cfg(test)]
 pub(crate) mod testing;
 
@@ -33,13 +40,12 @@ use self::run_state::{Reply, RunState, Transition};
 use crate::guard::GuestMemory;
 use crate::lwp::cpuid::{CpuidEntry, LwpFeatures};
 use crate::lwp::unit::{LwpUnit, UnitStats};
-use crate::vmm::devices::{GuestEnd, PortBus};
-use crate::vmm::metrics::VcpuMetrics;
-use crate::vmm::recorder::Recorder;
-use crate::vmm::seccomp::{self, SeccompError, SeccompMode, ThreadKind};
+use crate::vmm::devices::port_bus::{GuestEnd, PortBus};
+use crate::vmm::base::metrics::VcpuMetrics;
+use crate::vmm::base::recorder::Recorder;
+use crate::vmm::base::seccomp::{self, SeccompError, SeccompMode, ThreadKind};
 use crate::vmm::snapshot::VcpuSnapshot;
-use crate::vmm::step::StepBackend;
-use crate::vmm::vcpu_state;
+use crate::vmm::vcpu::step::StepBackend;
 
 pub use exit::{Devices, ExitAction, ExitCx, act, handle_exit};
 pub use lwp::{LwpState, VcpuLwp};
@@ -135,7 +141,7 @@ pub enum VcpuResponse {
     /// It runs again.
     Resumed,
     /// Its state, or why it could not be captured.
-    State(Box<Result<VcpuSnapshot, crate::vmm::control_error::ControlError>>),
+    State(Box<Result<VcpuSnapshot, crate::vmm::base::control_error::ControlError>>),
 }
 
 /// What a vCPU thread hands back when it ends.
@@ -148,9 +154,9 @@ pub struct Shared {
     /// The port bus.
     pub bus: Arc<Mutex<PortBus>>,
     /// The virtio devices' register windows.
-    pub virtio: crate::vmm::virtio::VirtioBus,
+    pub virtio: crate::vmm::devices::virtio::VirtioBus,
     /// The IOAPIC.
-    pub ioapic: Arc<crate::vmm::ioapic::IoapicDevice>,
+    pub ioapic: Arc<crate::vmm::devices::ioapic::IoapicDevice>,
     /// Set when the VM is to stop.
     pub stop: AtomicBool,
     /// KVM_CAP_XSAVE2 of this VM.
@@ -496,7 +502,7 @@ impl Vcpu {
             Some(Reply::Resumed) => VcpuResponse::Resumed,
             Some(Reply::State) => VcpuResponse::State(Box::new(self.capture(shared))),
             Some(Reply::StateRefused) => VcpuResponse::State(Box::new(Err(
-                crate::vmm::control_error::ControlError::Protocol {
+                crate::vmm::base::control_error::ControlError::Protocol {
                     who: "a running vCPU",
                     answer: "no state".into(),
                     asked: "SaveState",
@@ -510,7 +516,7 @@ impl Vcpu {
     fn capture(
         &self,
         shared: &Shared,
-    ) -> Result<VcpuSnapshot, crate::vmm::control_error::ControlError> {
+    ) -> Result<VcpuSnapshot, crate::vmm::base::control_error::ControlError> {
         let id = self.kvm.id();
         let (mut snapshot, skipped) = vcpu_state::capture(
             self.kvm.fd(),
@@ -520,7 +526,7 @@ impl Vcpu {
             &shared.msr_indices,
         )
         .map_err(|e| {
-            crate::vmm::control_error::ControlError::host(
+            crate::vmm::base::control_error::ControlError::host(
                 "saving a vCPU's state",
                 format!("vCPU {id}: {e}"),
             )

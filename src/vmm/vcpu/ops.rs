@@ -15,8 +15,8 @@ use kvm_ioctls::{SyncReg, VcpuFd, VmFd};
 use super::VcpuError;
 use crate::guard::{GuardError, Paging};
 use crate::lwp::fault::GuestFault;
-use crate::vmm::guest_paging::PagingSource;
-use crate::vmm::lwp_insn::MAX_INSN_LEN;
+use crate::vmm::vcpu::guest_paging::PagingSource;
+use crate::vmm::vcpu::lwp_insn::MAX_INSN_LEN;
 
 const KVM_INTERNAL_ERROR_EMULATION: u32 = 1;
 const MSR_KERNEL_GS_BASE: u32 = 0xc000_0102;

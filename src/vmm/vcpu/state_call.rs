@@ -23,8 +23,8 @@ use crate::lwp::fault::GuestFault;
 use crate::lwp::xsave::LwpXsaveArea;
 use crate::profile::objects::hex;
 use crate::profile::trace::MappingLine;
-use crate::vmm::privilege;
-use crate::vmm::pv::{
+use crate::vmm::vcpu::privilege;
+use crate::vmm::base::pv::{
     ExecMapping, LINE_CROSSINGS_IN_REPLY, LINE_ON, MAPPING_FIRST, REGS_FRAME_OFFSET, REGS_SIZE,
     Reply, SavedRegs, StateOp, StateStatus, THRESHOLD_LINES,
 };
@@ -309,7 +309,7 @@ mod tests {
     use super::*;
     use crate::lwp::cpuid::{LwpFeatures, LwpProfile};
     use crate::lwp::fault::PF_USER;
-    use crate::vmm::step::StepBackend;
+    use crate::vmm::vcpu::step::StepBackend;
     use crate::vmm::vcpu::lwp::after_exit;
     use crate::vmm::vcpu::testing::*;
     use vm_memory::{Bytes, GuestAddress};

@@ -5,7 +5,7 @@
 //! its register call), KVM's Debug exits, stepping across an emulated LWP
 //! instruction, arming at an exit, and handing the step origin to a guest
 //! that switches tasks and back live here; what one step retires is
-//! `vmm::step`. docs/pv-abi.md.
+//! `vmm::vcpu::step`. docs/pv-abi.md.
 
 use std::sync::atomic::Ordering;
 
@@ -18,10 +18,10 @@ use super::exit::ExitCx;
 use crate::guard::{Access, GuestView};
 use crate::guest_warn;
 use crate::lwp::record::EventId;
-use crate::vmm::lwp_insn::{self, LwpMnemonic};
-use crate::vmm::privilege;
-use crate::vmm::pv::{Frame, RFLAGS_TF, Reply};
-use crate::vmm::step::{self, StepBackend};
+use crate::vmm::vcpu::lwp_insn::{self, LwpMnemonic};
+use crate::vmm::vcpu::privilege;
+use crate::vmm::base::pv::{Frame, RFLAGS_TF, Reply};
+use crate::vmm::vcpu::step::{self, StepBackend};
 
 /// The stepping state a snapshot carries.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -288,7 +288,7 @@ pub fn across_instruction(
 mod tests {
     use super::*;
     use crate::lwp::cpuid::LwpProfile;
-    use crate::vmm::pv::RFLAGS_CF;
+    use crate::vmm::base::pv::RFLAGS_CF;
     use crate::vmm::vcpu::doorbell::ud_doorbell;
     use crate::vmm::vcpu::testing::*;
     use vm_memory::{Bytes, GuestAddress};

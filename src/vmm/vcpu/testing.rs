@@ -5,7 +5,7 @@
 //! state-call areas, and user pages for code, an LWPCB and its ring. The
 //! handlers under test are the functions the run loop calls.
 
-use crate::vmm::recorder::Recorder;
+use crate::vmm::base::recorder::Recorder;
 use std::cell::{Cell, RefCell};
 
 use kvm_bindings::{kvm_msi, kvm_regs, kvm_sregs};
@@ -19,11 +19,11 @@ use crate::lwp::cpuid::{CpuidEntry, LwpProfile};
 use crate::lwp::fault::GuestFault;
 use crate::lwp::lwpcb::LwpcbFixed;
 use crate::lwp::record::EventRecord;
-use crate::vmm::guest_paging::PagingSource;
-use crate::vmm::metrics::VcpuMetrics;
-use crate::vmm::privilege::segment;
-use crate::vmm::pv::Frame;
-use crate::vmm::step::StepBackend;
+use crate::vmm::vcpu::guest_paging::PagingSource;
+use crate::vmm::base::metrics::VcpuMetrics;
+use crate::vmm::vcpu::privilege::segment;
+use crate::vmm::base::pv::Frame;
+use crate::vmm::vcpu::step::StepBackend;
 
 pub const KERNEL_CS: u64 = 0x08;
 pub const KERNEL_DS: u64 = 0x10;

@@ -25,7 +25,7 @@ use acpi_tables::rsdp::Rsdp;
 use acpi_tables::sdt::Sdt;
 use acpi_tables::xsdt::XSDT;
 
-use super::pm::{
+use crate::vmm::devices::pm::{
     PM_TMR_LEN, PM_TMR_PORT, PM1_CNT_LEN, PM1_EVT_LEN, PM1A_CNT_PORT, PM1A_EVT_PORT, SLP_TYP_S5,
 };
 
@@ -39,7 +39,7 @@ pub const RSDP_ADDR: u64 = ACPI_START;
 /// The local APIC's base (KVM's default).
 pub const LAPIC_ADDR: u32 = 0xFEE0_0000;
 /// The IOAPIC's base (lwpvmm's IOAPIC, ioapic.rs).
-pub const IOAPIC_ADDR: u32 = crate::vmm::ioapic::IOAPIC_BASE as u32;
+pub const IOAPIC_ADDR: u32 = crate::vmm::devices::ioapic::IOAPIC_BASE as u32;
 /// The IOAPIC's ID: what its ID register holds after reset.
 pub const IOAPIC_ID: u8 = 0;
 

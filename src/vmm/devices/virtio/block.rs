@@ -31,7 +31,7 @@ use super::drain::drain;
 use super::mmio::{Halt, Progress, VirtioDevice, read_space};
 use super::{DeviceError, DeviceSpec};
 use crate::guard::GuestMemory;
-use crate::vmm::metrics::VcpuMetrics;
+use crate::vmm::base::metrics::VcpuMetrics;
 
 /// Sector size of the virtio block protocol.
 pub const SECTOR: u64 = 512;

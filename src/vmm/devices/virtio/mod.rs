@@ -35,7 +35,7 @@ use self::block::Block;
 use self::mmio::{MmioTransport, REG_QUEUE_NOTIFY, TransportState, VirtioDevice};
 use self::net::Net;
 use crate::guard::GuestMemory;
-use crate::vmm::metrics::VcpuMetrics;
+use crate::vmm::base::metrics::VcpuMetrics;
 
 /// The first device's register window; the others follow.
 pub const MMIO_BASE: u64 = 0xd000_0000;
@@ -447,12 +447,12 @@ impl VirtioBus {
         self.slots.iter().map(|s| Arc::clone(&s.metrics)).collect()
     }
 
-    pub fn snapshot(&self) -> Result<Vec<DeviceSnapshot>, crate::vmm::control_error::ControlError> {
+    pub fn snapshot(&self) -> Result<Vec<DeviceSnapshot>, crate::vmm::base::control_error::ControlError> {
         self.slots
             .iter()
             .map(|s| {
                 let t = s.transport.lock().map_err(|_| {
-                    crate::vmm::control_error::ControlError::host(
+                    crate::vmm::base::control_error::ControlError::host(
                         "a virtio device",
                         "its lock is poisoned",
                     )

@@ -11,7 +11,7 @@ use iced_x86::{
 };
 use kvm_bindings::{kvm_regs, kvm_sregs};
 
-use super::pv::RFLAGS_CF;
+use crate::vmm::base::pv::RFLAGS_CF;
 use crate::guard::{Access, GuestView};
 use crate::lwp::fault::GuestFault;
 use crate::lwp::record::ProgrammedEvent;

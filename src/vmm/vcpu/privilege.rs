@@ -9,7 +9,7 @@ use kvm_bindings::{kvm_segment, kvm_sregs};
 use thiserror::Error;
 
 use crate::guard::{Access, GuestView};
-use crate::vmm::lwp_insn::code_bitness;
+use crate::vmm::vcpu::lwp_insn::code_bitness;
 
 /// A vCPU's current privilege level: SS.DPL, as KVM itself takes it on SVM
 /// and VMX (the CPU keeps SS.DPL equal to the CPL).

@@ -16,10 +16,10 @@ use vm_superio::serial::{NoEvents, SerialState};
 use vm_superio::{Serial, Trigger};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::pit::Pit;
-use super::pm::{PM_LAST_PORT, PM1A_EVT_PORT, PmAction, PmRegisters, PmState};
-use super::pv::{DB_PORT, EXIT_PORT, POWER_PORT, PowerOp, SNAPSHOT_PORT, STATE_PORT, UD_PORT};
-use super::snapshot::SerialSnapshot;
+use crate::vmm::devices::pit::Pit;
+use crate::vmm::devices::pm::{PM_LAST_PORT, PM1A_EVT_PORT, PmAction, PmRegisters, PmState};
+use crate::vmm::base::pv::{DB_PORT, EXIT_PORT, POWER_PORT, PowerOp, SNAPSHOT_PORT, STATE_PORT, UD_PORT};
+use crate::vmm::snapshot::SerialSnapshot;
 
 /// The serial port's first register.
 pub const SERIAL_BASE: u16 = 0x3f8;

@@ -447,7 +447,7 @@ mod tests {
     /// other way round) fails here.
     #[test]
     fn the_security_doc_lists_every_filter() {
-        let doc = include_str!("../../docs/security.md");
+        let doc = include_str!("../../../docs/security.md");
         // The bullet that starts with `lead`, up to the next bullet or
         // blank line: its lower-case words in backticks.
         let listed = |lead: &str| -> BTreeSet<String> {

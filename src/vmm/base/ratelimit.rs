@@ -81,16 +81,16 @@ impl RateLimiter {
 #[macro_export]
 macro_rules! guest_warn {
     ($counter:expr, $($arg:tt)+) => {{
-        static LIMIT: $crate::vmm::ratelimit::RateLimiter = $crate::vmm::ratelimit::RateLimiter::new();
+        static LIMIT: $crate::vmm::base::ratelimit::RateLimiter = $crate::vmm::base::ratelimit::RateLimiter::new();
         $counter.fetch_add(1, ::std::sync::atomic::Ordering::Relaxed);
         match LIMIT.allow() {
-            $crate::vmm::ratelimit::Verdict::Print => ::log::warn!($($arg)+),
-            $crate::vmm::ratelimit::Verdict::PrintLast => ::log::warn!(
+            $crate::vmm::base::ratelimit::Verdict::Print => ::log::warn!($($arg)+),
+            $crate::vmm::base::ratelimit::Verdict::PrintLast => ::log::warn!(
                 "{} (this warning has been printed {} times; from now on it is only counted in the metrics)",
                 format_args!($($arg)+),
-                $crate::vmm::ratelimit::LINES_PER_RUN
+                $crate::vmm::base::ratelimit::LINES_PER_RUN
             ),
-            $crate::vmm::ratelimit::Verdict::Suppress => {}
+            $crate::vmm::base::ratelimit::Verdict::Suppress => {}
         }
     }};
 }

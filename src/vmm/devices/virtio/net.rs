@@ -25,7 +25,7 @@ use super::drain::drain;
 use super::mmio::{CHAINS_PER_CALL, Halt, Progress, VirtioDevice, read_space};
 use super::{DeviceError, DeviceSpec};
 use crate::guard::GuestMemory;
-use crate::vmm::metrics::VcpuMetrics;
+use crate::vmm::base::metrics::VcpuMetrics;
 
 /// The receive and transmit queues' size.
 const QUEUE_SIZE: u16 = 256;

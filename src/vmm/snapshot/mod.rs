@@ -20,9 +20,9 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
-use super::ioapic::IoapicState;
-use super::pm::PmState;
-use super::vcpu::LwpState;
+use crate::vmm::devices::ioapic::IoapicState;
+use crate::vmm::devices::pm::PmState;
+use crate::vmm::vcpu::LwpState;
 use crate::guard::GuestMemory;
 use crate::lwp::cpuid::{CpuidEntry, GuestLwpSupport, LwpProfile};
 
@@ -165,7 +165,7 @@ pub struct VmSnapshot {
     /// The ACPI PM registers.
     pub pm: PmState,
     /// The virtio devices: what each was built from and its transport.
-    pub devices: Vec<crate::vmm::virtio::DeviceSnapshot>,
+    pub devices: Vec<crate::vmm::devices::virtio::DeviceSnapshot>,
     /// Every vCPU.
     pub vcpus: Vec<VcpuSnapshot>,
 }

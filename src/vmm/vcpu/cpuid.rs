@@ -6,12 +6,12 @@
 //!
 //! Pure policy: it works on plain entries, so it is tested without KVM.
 
-use super::pv::{EXIT_PORT, UD_PORT};
-use super::pv::{
+use crate::vmm::base::pv::{EXIT_PORT, UD_PORT};
+use crate::vmm::base::pv::{
     LEAF_PV_BASE, LEAF_PV_INFO, LEAF_PV_LINES, PV_ABI_VERSION, PV_SIGNATURE, PvFeatures,
     THRESHOLD_GSI, THRESHOLD_LINES,
 };
-use super::topology;
+use crate::vmm::vcpu::topology;
 use crate::lwp::cpuid::{
     CpuidEntry, EXT_FEATURES_ECX_LWP, GuestLwpSupport, LEAF_EXT_FEATURES, LEAF_EXT_MAX, LEAF_LWP,
     LwpFeatures, LwpProfile,

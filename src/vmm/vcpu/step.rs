@@ -4,7 +4,7 @@
 
 use kvm_bindings::kvm_debug_exit_arch;
 
-use super::lwp_insn::{MAX_INSN_LEN, retired_branch};
+use crate::vmm::vcpu::lwp_insn::{MAX_INSN_LEN, retired_branch};
 use crate::lwp::cpuid::LwpFeatures;
 use crate::lwp::memory::UserMemory;
 use crate::lwp::record::EventId;

@@ -8,7 +8,7 @@ use kvm_bindings::{KVM_MAX_MSR_ENTRIES, Msrs, Xsave, kvm_msr_entry};
 use kvm_ioctls::VcpuFd;
 use thiserror::Error;
 
-use super::snapshot::VcpuSnapshot;
+use crate::vmm::snapshot::VcpuSnapshot;
 use crate::lwp::cpuid::CpuidEntry;
 
 /// Size of `struct kvm_xsave` without its flexible array.

@@ -18,10 +18,10 @@ use super::VirtioBus;
 use super::mmio::{Halt, MmioTransport, Progress};
 use crate::guard::GuestMemory;
 use crate::guest_warn;
-use crate::vmm::control_error::ControlError;
+use crate::vmm::base::control_error::ControlError;
 use crate::vmm::error::VmError;
-use crate::vmm::metrics::VcpuMetrics;
-use crate::vmm::seccomp::{self, SeccompMode, ThreadKind};
+use crate::vmm::base::metrics::VcpuMetrics;
+use crate::vmm::base::seccomp::{self, SeccompMode, ThreadKind};
 
 /// What the control thread asks of the device thread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
