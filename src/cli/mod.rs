@@ -16,13 +16,13 @@ use crate::lwp::cpuid::{GuestLwpSupport, LwpProfile};
 use crate::profile::report::ReportError;
 use crate::profile::trace::TraceError;
 use crate::vmm::api::ApiConfig;
-use crate::vmm::boot::BootError;
-use crate::vmm::devices::port_bus::{GuestEnd, SerialOut};
-use crate::vmm::output::{OutputError, OutputKind};
 use crate::vmm::base::seccomp::SeccompMode;
 use crate::vmm::base::signals;
-use crate::vmm::snapshot::SnapshotError;
+use crate::vmm::boot::BootError;
+use crate::vmm::devices::port_bus::{GuestEnd, SerialOut};
 use crate::vmm::devices::virtio::{DiskConfig, NetConfig};
+use crate::vmm::output::{OutputError, OutputKind};
+use crate::vmm::snapshot::SnapshotError;
 use crate::vmm::{
     self, HostConfig, Profiling, RestoreConfig, RunOutcome, SnapshotPlan, VmConfig, VmEnd, VmError,
 };

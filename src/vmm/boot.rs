@@ -7,7 +7,7 @@ use std::io::Cursor;
 
 use kvm_bindings::{kvm_regs, kvm_sregs};
 
-use crate::vmm::vcpu::privilege::segment;
+use crate::vmm::vcpu::segment::segment;
 use linux_loader::configurator::linux::LinuxBootConfigurator;
 use linux_loader::configurator::pvh::PvhBootConfigurator;
 use linux_loader::configurator::{BootConfigurator, BootParams};
@@ -19,9 +19,10 @@ use linux_loader::loader::{BzImage, Cmdline, Elf, KernelLoader, PvhBootCapabilit
 use thiserror::Error;
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend};
 
-use crate::vmm::devices::acpi::{ACPI_END, ACPI_START, AcpiTables, RSDP_ADDR};
 use crate::guard::GuestMemory;
 use crate::guard::pagetable::PteFlags;
+use crate::vmm::devices::acpi::{ACPI_END, ACPI_START, AcpiTables, RSDP_ADDR};
+use crate::vmm::snapshot;
 
 /// Start of the MMIO hole below 4 GiB (LAPIC, IOAPIC and friends live there).
 pub const MMIO_HOLE_START: u64 = 0xC000_0000;
@@ -181,35 +182,9 @@ pub fn create_memory(mib: u64) -> Result<GuestMemory, BootError> {
 }
 
 /// Guest RAM of `mib` MiB mapped from a snapshot's memory file (see
-/// [`map_file`]).
+/// [`snapshot::map_file`]).
 pub fn memory_from_file(mib: u64, file: &std::fs::File) -> Result<GuestMemory, BootError> {
-    map_file(&ram_ranges(mib)?, file).map_err(BootError::MemoryFile)
-}
-
-/// Guest RAM of `ranges` mapped private and copy-on-write from `file`, the
-/// ranges one after the other from its start: pages are read when first
-/// touched, and the guest's writes never reach the file.
-pub fn map_file(
-    ranges: &[(GuestAddress, usize)],
-    file: &std::fs::File,
-) -> Result<GuestMemory, std::io::Error> {
-    let mut regions = Vec::with_capacity(ranges.len());
-    let mut offset = 0u64;
-    for &(start, size) in ranges {
-        let region = vm_memory::MmapRegion::build(
-            Some(vm_memory::FileOffset::new(file.try_clone()?, offset)),
-            size,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_NORESERVE,
-        )
-        .map_err(|e| std::io::Error::other(e.to_string()))?;
-        regions.push(
-            vm_memory::GuestRegionMmap::new(region, start)
-                .ok_or_else(|| std::io::Error::other("a region overflows"))?,
-        );
-        offset += size as u64;
-    }
-    GuestMemory::from_regions(regions).map_err(|e| std::io::Error::other(e.to_string()))
+    snapshot::map_file(&ram_ranges(mib)?, file).map_err(BootError::MemoryFile)
 }
 
 /// What loading put in memory.

@@ -11,25 +11,26 @@ use vm_memory::GuestMemoryBackend;
 
 use kvm_ioctls::{Kvm, SyncReg, VcpuExit, VcpuFd};
 
-use crate::vmm::boot;
-use crate::vmm::config::{HostConfig, RestoreConfig, VmConfig};
-use crate::vmm::vcpu::cpuid;
-use crate::vmm::devices::port_bus::{POST_PORT, PortBus};
-use crate::vmm::error::{VmError, setup};
-use crate::vmm::vcpu::guest_paging::PagingSource;
-use crate::vmm::machine::{self, MachineSpec, Restored};
-use crate::vmm::output::RunOutputs;
-use crate::vmm::vcpu::privilege;
-use crate::vmm::base::pv::{DB_PORT, EXIT_PORT};
-use crate::vmm::snapshot::{self, SnapshotError, VcpuSnapshot, VmSnapshot};
-use crate::vmm::vcpu::step::StepBackend;
-use crate::vmm::vcpu::Vcpu;
-use crate::vmm::vcpu::VcpuOps;
-use crate::vmm::vcpu::vcpu_state;
-use crate::vmm::devices::virtio::VirtioBus;
-use crate::vmm::vmm::Vmm;
 use crate::guard::{Access, GuestMemory, GuestView};
 use crate::lwp::cpuid::{GuestLwpSupport, LwpFeatures, LwpProfile};
+use crate::vmm::base::pv::{DB_PORT, EXIT_PORT};
+use crate::vmm::boot;
+use crate::vmm::config::{HostConfig, RestoreConfig, VmConfig};
+use crate::vmm::devices::port_bus::{POST_PORT, PortBus};
+use crate::vmm::devices::virtio::VirtioBus;
+use crate::vmm::error::{VmError, setup};
+use crate::vmm::machine::{self, MachineSpec, Restored};
+use crate::vmm::output::RunOutputs;
+use crate::vmm::snapshot::{self, SnapshotError, VmSnapshot};
+use crate::vmm::vcpu::Vcpu;
+use crate::vmm::vcpu::VcpuOps;
+use crate::vmm::vcpu::cpuid;
+use crate::vmm::vcpu::guest_paging::PagingSource;
+use crate::vmm::vcpu::privilege;
+use crate::vmm::vcpu::step::StepBackend;
+use crate::vmm::vcpu::vcpu_state;
+use crate::vmm::vcpu::vcpu_state::VcpuSnapshot;
+use crate::vmm::vmm::Vmm;
 
 /// Refuses host settings that need one another.
 fn check(host: &HostConfig) -> Result<(), VmError> {

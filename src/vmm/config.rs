@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::lwp::cpuid::{GuestLwpSupport, LwpProfile};
-use crate::vmm::devices::port_bus::SerialOut;
 use crate::vmm::base::seccomp::SeccompMode;
+use crate::vmm::devices::port_bus::SerialOut;
 use crate::vmm::devices::virtio::{DiskConfig, NetConfig};
 
 /// Guest RAM unless the caller sets it, in MiB.

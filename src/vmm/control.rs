@@ -1,5 +1,5 @@
 //! The control thread of a running VM: an event-manager loop over the VM's
-//! end, requests from [`VmmHandle`](crate::vmm::vmm::VmmHandle)s, snapshot
+//! end, requests from [`VmmHandle`](crate::vmm::base::request::VmmHandle)s, snapshot
 //! points, the snapshot timer, the sampler, SIGUSR1/SIGUSR2, SIGINT/SIGTERM/SIGHUP
 //! and console input. It pauses, resumes and snapshots the vCPUs through
 //! their handles (channels: nothing polls, nothing sleeps), and at the end
@@ -22,19 +22,20 @@ use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
-use crate::vmm::config::SnapshotPlan;
 use crate::vmm::base::control_error::ControlError;
-use crate::vmm::error::VmError;
-use crate::vmm::machine::MachineSpec;
 use crate::vmm::base::metrics::{VcpuMetrics, VmCounters};
-use crate::vmm::output::RewriteFile;
+use crate::vmm::base::request::{Request, SnapshotInfo, SnapshotKind};
 use crate::vmm::base::seccomp::{self, SeccompMode, ThreadKind};
 use crate::vmm::base::signals::{self, StopSignals};
+use crate::vmm::config::SnapshotPlan;
+use crate::vmm::devices::port_bus::GuestEnd;
+use crate::vmm::devices::virtio::worker::DeviceThread;
+use crate::vmm::error::VmError;
+use crate::vmm::machine::MachineSpec;
+use crate::vmm::outcome::{RunOutcome, VmEnd, metrics_document};
+use crate::vmm::output::RewriteFile;
 use crate::vmm::snapshot::{self, MemoryLayout, ParentRef, VmKvmState, VmSnapshot};
 use crate::vmm::vcpu::{Shared, VcpuEvent, VcpuHandle, VcpuResponse, VcpuStop};
-use crate::vmm::devices::virtio::worker::DeviceThread;
-use crate::vmm::vmm::{Request, RunOutcome, SnapshotInfo, SnapshotKind, VmEnd, metrics_document};
-use crate::vmm::devices::port_bus::GuestEnd;
 
 /// Everything the control thread owns.
 pub struct Control {

@@ -4,9 +4,9 @@
 
 use thiserror::Error;
 
+use crate::vmm::base::seccomp::SeccompError;
 use crate::vmm::boot::BootError;
 use crate::vmm::output::OutputError;
-use crate::vmm::base::seccomp::SeccompError;
 use crate::vmm::snapshot::SnapshotError;
 use crate::vmm::vcpu::VcpuError;
 use crate::vmm::vcpu::vcpu_state::VcpuStateError;
@@ -90,9 +90,6 @@ pub enum VmError {
     /// A vCPU's saved state could not be restored.
     #[error("vCPU {0}: {1}")]
     VcpuState(u8, VcpuStateError),
-    /// The VM already ended.
-    #[error("the VM is not running")]
-    NotRunning,
 }
 
 /// A KVM setup ioctl's error, named.

@@ -17,19 +17,19 @@ use kvm_ioctls::{
 use vm_memory::{Address, GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
-use crate::vmm::boot;
-use crate::vmm::vcpu::cpuid;
-use crate::vmm::devices::port_bus::{PortBus, SERIAL_IRQ};
-use crate::vmm::error::{VmError, setup};
-use crate::vmm::vcpu::guest_paging::PagingSource;
-use crate::vmm::devices::ioapic::{IOAPIC_PINS, IoapicDevice, IoapicState};
-use crate::vmm::base::pv::{THRESHOLD_GSI, THRESHOLD_LINES};
-use crate::vmm::snapshot::SnapshotError;
-use crate::vmm::vcpu::step::StepBackend;
-use crate::vmm::vcpu::{KvmVcpu, LwpState, Vcpu, VcpuLwp};
 use crate::guard::GuestMemory;
 use crate::lwp::cpuid::{CpuidEntry, GuestLwpSupport, LwpProfile};
 use crate::lwp::msr::MSR_LWP_CFG;
+use crate::vmm::base::pv::{THRESHOLD_GSI, THRESHOLD_LINES};
+use crate::vmm::boot;
+use crate::vmm::devices::ioapic::{IOAPIC_PINS, IoapicDevice, IoapicState};
+use crate::vmm::devices::port_bus::{PortBus, SERIAL_IRQ};
+use crate::vmm::error::{VmError, setup};
+use crate::vmm::snapshot::SnapshotError;
+use crate::vmm::vcpu::cpuid;
+use crate::vmm::vcpu::guest_paging::PagingSource;
+use crate::vmm::vcpu::step::StepBackend;
+use crate::vmm::vcpu::{KvmVcpu, LwpState, Vcpu, VcpuLwp};
 
 const MSR_IA32_TSC: u32 = 0x10;
 /// Where KVM keeps its real-mode TSS: the top of the MMIO hole, below the

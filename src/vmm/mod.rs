@@ -14,16 +14,19 @@ pub mod control;
 pub mod devices;
 pub mod error;
 pub mod machine;
+pub mod outcome;
 pub mod output;
 pub mod snapshot;
 pub mod vcpu;
 #[allow(clippy::module_inception)]
 pub mod vmm;
 
+pub use base::request::{SnapshotInfo, VmmHandle};
 pub use builder::{build_for_boot, build_from_snapshot};
 pub use config::{HostConfig, Profiling, RestoreConfig, SnapshotPlan, VmConfig};
 pub use error::VmError;
-pub use vmm::{RunOutcome, SnapshotInfo, VmEnd, Vmm, VmmHandle};
+pub use outcome::{RunOutcome, VmEnd};
+pub use vmm::Vmm;
 
 /// Boots `config.kernel` and runs the VM to its end.
 pub fn run(config: &VmConfig) -> Result<RunOutcome, VmError> {

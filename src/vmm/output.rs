@@ -10,10 +10,10 @@ use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
-use crate::vmm::config::HostConfig;
-use crate::vmm::devices::port_bus::SerialOut;
 use crate::lwp::cpuid::LwpProfile;
 use crate::profile::trace::{TRACE_VERSION, TraceHeader, TraceWriter};
+use crate::vmm::config::HostConfig;
+use crate::vmm::devices::port_bus::SerialOut;
 
 /// Which output a path is for; the command line names the option.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,234 +5,30 @@
 //! snapshots, reads the metrics of and stops the running VM from any thread:
 //! what a control API drives.
 
-use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::mpsc::{Receiver, channel};
 use std::sync::{Arc, Mutex};
 use std::thread;
-use std::time::Duration;
 
 use kvm_ioctls::VmFd;
-use serde::Serialize;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 use vmm_sys_util::signal::{SIGRTMIN, register_signal_handler};
 
+use crate::lwp::cpuid::LwpFeatures;
 use crate::vmm::api::ApiListeners;
+use crate::vmm::base::metrics::VcpuMetrics;
+use crate::vmm::base::recorder::Recorder;
+use crate::vmm::base::request::{Request, VmmHandle};
+use crate::vmm::base::signals::StopSignals;
 use crate::vmm::config::HostConfig;
 use crate::vmm::control::Control;
-use crate::vmm::base::control_error::ControlError;
-use crate::vmm::devices::port_bus::GuestEnd;
-use crate::vmm::error::VmError;
-use crate::vmm::machine::{Machine, MachineSpec};
-use crate::vmm::base::metrics::{VcpuMetrics, VmCounters};
-use crate::vmm::output::RunOutputs;
-use crate::vmm::base::recorder::Recorder;
-use crate::vmm::base::signals::StopSignals;
-use crate::vmm::vcpu::{Shared, Vcpu, VcpuEvent, VcpuHandle, kick_handler};
 use crate::vmm::devices::virtio::VirtioBus;
 use crate::vmm::devices::virtio::worker::DeviceThread;
-use crate::lwp::cpuid::LwpFeatures;
-use crate::lwp::unit::UnitStats;
-
-/// Why a VM stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum VmEnd {
-    /// The guest ended it.
-    Guest(GuestEnd),
-    /// lwpvmm received this signal (SIGINT, SIGTERM) and stopped it.
-    Signal(i32),
-    /// A [`VmmHandle`] stopped it.
-    Stopped,
-}
-
-impl std::fmt::Display for VmEnd {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            VmEnd::Guest(end) => end.fmt(f),
-            VmEnd::Signal(signal) => write!(f, "{} received", crate::vmm::base::signals::name(*signal)),
-            VmEnd::Stopped => f.write_str("stopped through the API or a VmmHandle"),
-        }
-    }
-}
-
-/// How a VM ended.
-#[derive(Debug, Clone)]
-pub struct RunOutcome {
-    /// Why it stopped.
-    pub end: VmEnd,
-    /// The counters.
-    pub metrics: VmCounters,
-    /// Each vCPU's LWP unit counters.
-    pub lwp: Vec<UnitStats>,
-    /// What failed on the way without stopping the VM (a requested
-    /// snapshot, a metrics write): the caller should report it and fail.
-    pub errors: Vec<String>,
-}
-
-/// What a snapshot holds of guest memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
-pub enum SnapshotKind {
-    /// All of it.
-    #[default]
-    Full,
-    /// The pages written since the parent snapshot.
-    Diff,
-}
-
-/// A snapshot written.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SnapshotInfo {
-    /// Where.
-    pub dir: PathBuf,
-    /// The state file's size.
-    pub state_bytes: u64,
-    /// The memory file's size.
-    pub memory_bytes: u64,
-    /// How long the vCPUs took to pause.
-    pub pause_time: Duration,
-    /// From the request to the VM running again.
-    pub total_time: Duration,
-}
-
-/// The metrics file's document: how the run ended (`null` while it runs),
-/// the VM's counters, and each LWP unit's.
-#[derive(Debug, Serialize)]
-pub struct MetricsDocument<'a> {
-    end: Option<serde_json::Value>,
-    /// Why the run failed, when it ended on a VMM error.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    vm: &'a VmCounters,
-    lwp_units: &'a [UnitStats],
-}
-
-/// The metrics document for `end`.
-pub fn metrics_document<'a>(
-    end: Option<VmEnd>,
-    vm: &'a VmCounters,
-    lwp_units: &'a [UnitStats],
-) -> MetricsDocument<'a> {
-    let end = end.map(|end| match end {
-        VmEnd::Guest(GuestEnd::ExitPort(value)) => serde_json::json!({ "exit_port": value }),
-        VmEnd::Guest(GuestEnd::PowerOff) => serde_json::json!("power_off"),
-        VmEnd::Guest(GuestEnd::Reboot) => serde_json::json!("reboot"),
-        VmEnd::Guest(GuestEnd::OutputClosed) => serde_json::json!("output_closed"),
-        VmEnd::Signal(signal) => serde_json::json!({ "signal": signal }),
-        VmEnd::Stopped => serde_json::json!("stopped"),
-    });
-    MetricsDocument {
-        end,
-        error: None,
-        vm,
-        lwp_units,
-    }
-}
-
-/// A request to the control thread.
-pub enum Request {
-    /// Pause every vCPU.
-    Pause(Sender<Result<(), ControlError>>),
-    /// Resume every vCPU.
-    Resume(Sender<Result<(), ControlError>>),
-    /// Write a snapshot of this kind to this directory.
-    Snapshot(
-        PathBuf,
-        SnapshotKind,
-        Sender<Result<SnapshotInfo, ControlError>>,
-    ),
-    /// The counters now.
-    Metrics(Sender<VmCounters>),
-    /// Whether the VM is paused.
-    Paused(Sender<bool>),
-    /// Set the sampler's rate.
-    SampleHz(u32, Sender<Result<(), ControlError>>),
-    /// Stop the VM.
-    Stop,
-}
-
-/// Drives a VM from any thread.
-#[derive(Clone)]
-pub struct VmmHandle {
-    requests: Sender<Request>,
-    wake: Arc<EventFd>,
-    recorder: Arc<Recorder>,
-}
-
-impl VmmHandle {
-    fn ask<T>(&self, request: impl FnOnce(Sender<T>) -> Request) -> Result<T, VmError> {
-        let (reply, answer) = channel();
-        self.requests
-            .send(request(reply))
-            .map_err(|_| VmError::NotRunning)?;
-        let _ = self.wake.write(1);
-        answer.recv().map_err(|_| VmError::NotRunning)
-    }
-
-    /// Pauses every vCPU; returns once all are paused.
-    pub fn pause(&self) -> Result<(), VmError> {
-        Ok(self.ask(Request::Pause)??)
-    }
-
-    /// Resumes a paused VM.
-    pub fn resume(&self) -> Result<(), VmError> {
-        Ok(self.ask(Request::Resume)??)
-    }
-
-    /// Writes a snapshot to `dir` (the VM pauses for it unless paused).
-    pub fn snapshot(&self, dir: &Path) -> Result<SnapshotInfo, VmError> {
-        self.snapshot_of(dir, SnapshotKind::Full)
-    }
-
-    /// Writes a full snapshot, or a diff on top of the last one this VM
-    /// wrote or was restored from (`--snapshot-diff`), to `dir`.
-    pub fn snapshot_of(&self, dir: &Path, kind: SnapshotKind) -> Result<SnapshotInfo, VmError> {
-        Ok(self.ask(|r| Request::Snapshot(dir.to_owned(), kind, r))??)
-    }
-
-    /// Sets the sampler's rate (0: stopped) while the VM runs.
-    pub fn set_sample_hz(&self, hz: u32) -> Result<(), VmError> {
-        Ok(self.ask(|r| Request::SampleHz(hz, r))??)
-    }
-
-    /// What the host side records: the trace and the API's captures.
-    pub fn recorder(&self) -> &Recorder {
-        &self.recorder
-    }
-
-    /// The VM's counters now.
-    pub fn metrics(&self) -> Result<VmCounters, VmError> {
-        self.ask(Request::Metrics)
-    }
-
-    /// A handle and the end its requests arrive at, for tests that answer
-    /// them in place of a control thread.
-    #[cfg(test)]
-    pub(crate) fn for_test() -> (VmmHandle, Receiver<Request>) {
-        let (requests, received) = channel();
-        let wake = Arc::new(EventFd::new(EFD_NONBLOCK).expect("an eventfd"));
-        let recorder = Arc::new(Recorder::new(None, true, 1000));
-        (
-            VmmHandle {
-                requests,
-                wake,
-                recorder,
-            },
-            received,
-        )
-    }
-
-    /// Whether the VM is paused now.
-    pub fn is_paused(&self) -> Result<bool, VmError> {
-        self.ask(Request::Paused)
-    }
-
-    /// Stops the VM; [`Vmm::run`] then returns with [`VmEnd::Stopped`].
-    pub fn stop(&self) {
-        if self.requests.send(Request::Stop).is_ok() {
-            let _ = self.wake.write(1);
-        }
-    }
-}
+use crate::vmm::error::VmError;
+use crate::vmm::machine::{Machine, MachineSpec};
+use crate::vmm::outcome::RunOutcome;
+use crate::vmm::output::RunOutputs;
+use crate::vmm::vcpu::{Shared, Vcpu, VcpuEvent, VcpuHandle, kick_handler};
 
 /// A built VM.
 pub struct Vmm {
@@ -310,11 +106,7 @@ impl Vmm {
             outputs_metrics: outputs.metrics,
             host: host.clone(),
             requests,
-            handle: VmmHandle {
-                requests: sender,
-                wake: Arc::new(eventfd()?),
-                recorder,
-            },
+            handle: VmmHandle::new(sender, Arc::new(eventfd()?), recorder),
             api,
             parent: None,
         })
@@ -380,7 +172,7 @@ impl Vmm {
         }
         let wake = self
             .handle
-            .wake
+            .wake()
             .try_clone()
             .map_err(|source| VmError::Thread {
                 what: "control",

@@ -29,11 +29,11 @@ use thiserror::Error;
 
 use self::http::{Response, parse_request};
 use self::routes::{Answer, Context, Origin, finish_profile, route};
-use crate::vmm::base::seccomp::{self, SeccompMode, ThreadKind};
-use crate::vmm::vmm::VmmHandle;
 use crate::guest_warn;
 use crate::profile::sysroot::{Sysroot, SysrootError};
 use crate::vmm::base::recorder::CaptureId;
+use crate::vmm::base::request::VmmHandle;
+use crate::vmm::base::seccomp::{self, SeccompMode, ThreadKind};
 use std::sync::Arc;
 
 /// Requests refused (malformed, oversized, another user's), for the

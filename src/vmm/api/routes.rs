@@ -17,9 +17,9 @@ use crate::profile::capture::Capture;
 use crate::profile::objects::Resolver;
 use crate::profile::pprof;
 use crate::profile::sysroot::Sysroot;
-use crate::vmm::error::VmError;
+use crate::vmm::base::control_error::ControlError;
 use crate::vmm::base::recorder::{CaptureError, CaptureId, CaptureOwner, EVENT_IDS};
-use crate::vmm::vmm::{SnapshotKind, VmmHandle};
+use crate::vmm::base::request::{SnapshotKind, VmmHandle};
 
 /// A pprof request's capture length unless it names one (Go's default).
 pub const DEFAULT_PROFILE_SECONDS: u64 = 30;
@@ -217,14 +217,10 @@ fn printable(text: &str) -> String {
 }
 
 /// The answer when the VM refused or has ended.
-/// A VM error as an answer: whose fault it was sets the status (a
+/// A failed request as an answer: whose fault it was sets the status (a
 /// request's 400, a conflict's 409, a stopping VM's 503, the host's 500).
-fn vm_error(e: VmError) -> Response {
-    match e {
-        VmError::NotRunning => Response::fault(503, "the VM is not running"),
-        VmError::Control(e) => Response::fault(e.status(), &e.to_string()),
-        e => Response::fault(500, &e.to_string()),
-    }
+fn vm_error(e: ControlError) -> Response {
+    Response::fault(e.status(), &e.to_string())
 }
 
 /// The body as `T`, or a 400 that says what is wrong with it.
@@ -553,7 +549,7 @@ mod tests {
     use super::*;
     use crate::vmm::base::control_error::ControlError;
     use crate::vmm::base::metrics::{VcpuMetrics, VmCounters};
-    use crate::vmm::vmm::{Request as VmRequest, SnapshotInfo};
+    use crate::vmm::base::request::{Request as VmRequest, SnapshotInfo};
 
     /// A handle whose requests a thread answers as a running VM would;
     /// a snapshot into `/refused` fails.

@@ -47,6 +47,9 @@ pub enum ControlError {
         /// Why.
         reason: String,
     },
+    /// The VM is not running (it ended, or never ran): nobody answers.
+    #[error("the VM is not running")]
+    NotRunning,
     /// A thread of the VM ended before it answered.
     #[error("the VM stopped before {0}")]
     Stopped(&'static str),
@@ -94,7 +97,7 @@ impl ControlError {
             ControlError::NoSampler | ControlError::DiffUntracked | ControlError::NoParent => {
                 Fault::Conflict
             }
-            ControlError::Stopped(_) => Fault::Stopping,
+            ControlError::NotRunning | ControlError::Stopped(_) => Fault::Stopping,
             ControlError::Protocol { .. } | ControlError::Host { .. } => Fault::Host,
             ControlError::Snapshot { source, .. } => source.fault(),
         }
@@ -140,6 +143,7 @@ mod tests {
                 400,
                 "cannot create the snapshot directory /snaps/1: Permission denied",
             ),
+            (ControlError::NotRunning, 503, "the VM is not running"),
             (
                 ControlError::Stopped("every vCPU paused"),
                 503,

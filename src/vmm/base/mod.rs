@@ -11,5 +11,6 @@ pub mod metrics;
 pub mod pv;
 pub mod ratelimit;
 pub mod recorder;
+pub mod request;
 pub mod seccomp;
 pub mod signals;

@@ -12,14 +12,16 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use serde::{Deserialize, Serialize};
 use vm_superio::serial::{NoEvents, SerialState};
 use vm_superio::{Serial, Trigger};
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::vmm::base::pv::{
+    DB_PORT, EXIT_PORT, POWER_PORT, PowerOp, SNAPSHOT_PORT, STATE_PORT, UD_PORT,
+};
 use crate::vmm::devices::pit::Pit;
 use crate::vmm::devices::pm::{PM_LAST_PORT, PM1A_EVT_PORT, PmAction, PmRegisters, PmState};
-use crate::vmm::base::pv::{DB_PORT, EXIT_PORT, POWER_PORT, PowerOp, SNAPSHOT_PORT, STATE_PORT, UD_PORT};
-use crate::vmm::snapshot::SerialSnapshot;
 
 /// The serial port's first register.
 pub const SERIAL_BASE: u16 = 0x3f8;
@@ -329,6 +331,22 @@ impl PortBus {
     pub fn flush(&mut self) {
         let _ = self.serial.writer_mut().flush();
     }
+}
+
+/// The 8250's registers (vm-superio's `SerialState`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[allow(missing_docs)]
+pub struct SerialSnapshot {
+    pub baud_divisor_low: u8,
+    pub baud_divisor_high: u8,
+    pub interrupt_enable: u8,
+    pub interrupt_identification: u8,
+    pub line_control: u8,
+    pub line_status: u8,
+    pub modem_control: u8,
+    pub modem_status: u8,
+    pub scratch: u8,
+    pub in_buffer: Vec<u8>,
 }
 
 #[cfg(test)]

@@ -11,20 +11,18 @@ use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use crc::{CRC_64_XZ, Crc};
-use kvm_bindings::{
-    kvm_clock_data, kvm_debugregs, kvm_lapic_state, kvm_mp_state, kvm_regs, kvm_sregs,
-    kvm_vcpu_events, kvm_xcrs,
-};
+use kvm_bindings::kvm_clock_data;
 use kvm_ioctls::VmFd;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
+use crate::guard::GuestMemory;
+use crate::lwp::cpuid::{GuestLwpSupport, LwpProfile};
 use crate::vmm::devices::ioapic::IoapicState;
 use crate::vmm::devices::pm::PmState;
-use crate::vmm::vcpu::LwpState;
-use crate::guard::GuestMemory;
-use crate::lwp::cpuid::{CpuidEntry, GuestLwpSupport, LwpProfile};
+use crate::vmm::devices::port_bus::SerialSnapshot;
+use crate::vmm::vcpu::vcpu_state::VcpuSnapshot;
 
 /// The state file in a snapshot directory.
 pub const STATE_FILE: &str = "state.bin";
@@ -238,51 +236,30 @@ impl VmKvmState {
     }
 }
 
-/// The 8250's registers (vm-superio's `SerialState`).
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[allow(missing_docs)]
-pub struct SerialSnapshot {
-    pub baud_divisor_low: u8,
-    pub baud_divisor_high: u8,
-    pub interrupt_enable: u8,
-    pub interrupt_identification: u8,
-    pub line_control: u8,
-    pub line_status: u8,
-    pub modem_control: u8,
-    pub modem_status: u8,
-    pub scratch: u8,
-    pub in_buffer: Vec<u8>,
-}
-
-/// One vCPU.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct VcpuSnapshot {
-    /// vCPU index (= APIC ID).
-    pub id: u8,
-    /// The table passed to KVM_SET_CPUID2.
-    pub cpuid: Vec<CpuidEntry>,
-    /// General registers.
-    pub regs: kvm_regs,
-    /// Special registers.
-    pub sregs: kvm_sregs,
-    /// The XSAVE image's size in bytes (KVM_CAP_XSAVE2).
-    pub xsave_size: u32,
-    /// The XSAVE image as 32-bit words (without component 62: KVM refuses it).
-    pub xsave: Vec<u32>,
-    /// Extended control registers.
-    pub xcrs: kvm_xcrs,
-    /// MSRs KVM lists as saveable, as (index, value).
-    pub msrs: Vec<(u32, u64)>,
-    /// Local APIC.
-    pub lapic: kvm_lapic_state,
-    /// Pending events.
-    pub events: kvm_vcpu_events,
-    /// Debug registers.
-    pub debugregs: kvm_debugregs,
-    /// Multiprocessing state.
-    pub mp_state: kvm_mp_state,
-    /// The vCPU's LWP state, when the VM has LWP.
-    pub lwp: Option<LwpState>,
+/// Guest RAM of `ranges` mapped private and copy-on-write from `file`, the
+/// ranges one after the other from its start: pages are read when first
+/// touched, and the guest's writes never reach the file.
+pub fn map_file(
+    ranges: &[(GuestAddress, usize)],
+    file: &std::fs::File,
+) -> Result<GuestMemory, std::io::Error> {
+    let mut regions = Vec::with_capacity(ranges.len());
+    let mut offset = 0u64;
+    for &(start, size) in ranges {
+        let region = vm_memory::MmapRegion::build(
+            Some(vm_memory::FileOffset::new(file.try_clone()?, offset)),
+            size,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_NORESERVE,
+        )
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+        regions.push(
+            vm_memory::GuestRegionMmap::new(region, start)
+                .ok_or_else(|| std::io::Error::other("a region overflows"))?,
+        );
+        offset += size as u64;
+    }
+    GuestMemory::from_regions(regions).map_err(|e| std::io::Error::other(e.to_string()))
 }
 
 /// Encodes a state file: header, then the JSON payload.
@@ -821,7 +798,7 @@ mod tests {
         assert!(blocks <= 64 << 10, "one page of data takes {blocks} bytes");
         let map = || {
             let file = open_memory(&dir, &layout).unwrap();
-            crate::vmm::boot::map_file(&[(GuestAddress(0), 2 << 20)], &file).unwrap()
+            map_file(&[(GuestAddress(0), 2 << 20)], &file).unwrap()
         };
         let fresh = map();
         check_layout(&fresh, &layout).unwrap();

@@ -6,16 +6,16 @@
 //!
 //! Pure policy: it works on plain entries, so it is tested without KVM.
 
+use crate::lwp::cpuid::{
+    CpuidEntry, EXT_FEATURES_ECX_LWP, GuestLwpSupport, LEAF_EXT_FEATURES, LEAF_EXT_MAX, LEAF_LWP,
+    LwpFeatures, LwpProfile,
+};
 use crate::vmm::base::pv::{EXIT_PORT, UD_PORT};
 use crate::vmm::base::pv::{
     LEAF_PV_BASE, LEAF_PV_INFO, LEAF_PV_LINES, PV_ABI_VERSION, PV_SIGNATURE, PvFeatures,
     THRESHOLD_GSI, THRESHOLD_LINES,
 };
 use crate::vmm::vcpu::topology;
-use crate::lwp::cpuid::{
-    CpuidEntry, EXT_FEATURES_ECX_LWP, GuestLwpSupport, LEAF_EXT_FEATURES, LEAF_EXT_MAX, LEAF_LWP,
-    LwpFeatures, LwpProfile,
-};
 
 /// CPUID 0x4000_0001 EAX bits a guest may see: the kvmclock MSRs (0 and 3),
 /// the stable-clock flag (24) and NOP_IO_DELAY (1). kvmclock gives a Linux

@@ -10,18 +10,18 @@ use std::sync::atomic::Ordering;
 use kvm_bindings::{kvm_regs, kvm_sregs};
 use vm_memory::ByteValued;
 
-use super::exit::ExitCx;
+use super::context::ExitCx;
 use super::inject;
+use super::protocol::{VcpuError, VcpuStep};
 use super::stepper;
-use super::{VcpuError, VcpuStep};
 use crate::guard::{Access, GuestView};
 use crate::guest_warn;
 use crate::lwp::fault::GuestFault;
 use crate::profile::stack::UnwindStart;
-use crate::vmm::vcpu::lwp_insn::{self, Context, LwpMnemonic, NotLwp, Outcome, SegmentBases};
 use crate::vmm::base::metrics::VcpuMetrics;
-use crate::vmm::vcpu::privilege;
 use crate::vmm::base::pv::{FRAME_SIZE, Frame, Reply};
+use crate::vmm::vcpu::lwp_insn::{self, Context, LwpMnemonic, NotLwp, Outcome, SegmentBases};
+use crate::vmm::vcpu::privilege;
 
 /// FWAIT's opcode.
 const FWAIT: u8 = 0x9b;

@@ -11,17 +11,17 @@ use std::sync::atomic::Ordering;
 use kvm_bindings::kvm_debug_exit_arch;
 use kvm_ioctls::VcpuExit;
 
-use super::lwp::VcpuLwp;
-use super::ops::VcpuOps;
-use super::{VcpuError, VcpuStep, doorbell, state_call, stepper};
+use super::context::ExitCx;
+use super::lwp_state::VcpuLwp;
+use super::protocol::{VcpuError, VcpuStep};
+use super::{doorbell, state_call, stepper};
 use crate::guard::GuestMemory;
 use crate::guest_warn;
-use crate::vmm::devices::port_bus::{PortAction, PortBus};
-use crate::vmm::devices::ioapic::IoapicDevice;
 use crate::vmm::base::metrics::VcpuMetrics;
-use crate::vmm::base::recorder::Recorder;
-use crate::vmm::vcpu::step::StepBackend;
+use crate::vmm::devices::ioapic::IoapicDevice;
+use crate::vmm::devices::port_bus::{PortAction, PortBus};
 use crate::vmm::devices::virtio::VirtioBus;
+use crate::vmm::vcpu::step::StepBackend;
 
 /// What an exit asks for once KVM's exit data is answered.
 #[derive(Debug, Clone, PartialEq)]
@@ -173,20 +173,6 @@ pub fn handle_exit(
         Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => ExitAction::Interrupted,
         Err(source) => return Err(VcpuError::Run { vcpu: id, source }),
     })
-}
-
-/// What exit handlers work with.
-pub struct ExitCx<'a> {
-    /// The vCPU.
-    pub vcpu: &'a mut dyn VcpuOps,
-    /// Its LWP state.
-    pub lwp: &'a mut VcpuLwp,
-    /// Guest memory.
-    pub mem: &'a GuestMemory,
-    /// Its counters.
-    pub metrics: &'a VcpuMetrics,
-    /// Where the host side keeps stored records (trace, captures).
-    pub recorder: &'a Recorder,
 }
 
 /// Runs what an exit asks for.

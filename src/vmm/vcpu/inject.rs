@@ -10,14 +10,14 @@ use std::sync::atomic::Ordering;
 use kvm_bindings::{kvm_regs, kvm_sregs};
 use vm_memory::ByteValued;
 
-use super::VcpuError;
-use super::exit::ExitCx;
+use super::context::ExitCx;
 use super::ops::Delivery;
+use super::protocol::VcpuError;
 use crate::guard::{Access, GuestView};
 use crate::guest_warn;
 use crate::lwp::fault::GuestFault;
-use crate::vmm::vcpu::privilege;
 use crate::vmm::base::pv::{Frame, Reply};
+use crate::vmm::vcpu::privilege;
 
 /// Injects `fault` with `regs` and `sregs` (see [`Delivery`]), counting a
 /// restart.

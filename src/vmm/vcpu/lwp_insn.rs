@@ -11,11 +11,11 @@ use iced_x86::{
 };
 use kvm_bindings::{kvm_regs, kvm_sregs};
 
-use crate::vmm::base::pv::RFLAGS_CF;
 use crate::guard::{Access, GuestView};
 use crate::lwp::fault::GuestFault;
 use crate::lwp::record::ProgrammedEvent;
 use crate::lwp::unit::LwpUnit;
+use crate::vmm::base::pv::RFLAGS_CF;
 
 /// The longest x86 instruction.
 pub const MAX_INSN_LEN: usize = 15;

@@ -12,7 +12,7 @@ use kvm_bindings::{
 };
 use kvm_ioctls::{SyncReg, VcpuFd, VmFd};
 
-use super::VcpuError;
+use super::protocol::VcpuError;
 use crate::guard::{GuardError, Paging};
 use crate::lwp::fault::GuestFault;
 use crate::vmm::vcpu::guest_paging::PagingSource;

@@ -10,6 +10,7 @@ use thiserror::Error;
 
 use crate::guard::{Access, GuestView};
 use crate::vmm::vcpu::lwp_insn::code_bitness;
+use crate::vmm::vcpu::segment::segment;
 
 /// A vCPU's current privilege level: SS.DPL, as KVM itself takes it on SVM
 /// and VMX (the CPU keeps SS.DPL equal to the CPL).
@@ -134,33 +135,11 @@ pub fn load_segment(view: &GuestView<'_>, sregs: &kvm_sregs, selector: u16) -> O
     Some(segment(selector, u64::from_le_bytes(d)))
 }
 
-/// The segment register `selector` loads from the 8-byte descriptor `d`.
-pub fn segment(selector: u16, d: u64) -> kvm_segment {
-    let bit = |n: u32| ((d >> n) & 1) as u8;
-    let limit = ((d & 0xffff) | ((d >> 32) & 0xf_0000)) as u32;
-    let g = bit(55);
-    kvm_segment {
-        base: ((d >> 16) & 0xff_ffff) | ((d >> 32) & 0xff00_0000),
-        limit: if g == 1 { (limit << 12) | 0xfff } else { limit },
-        selector,
-        type_: ((d >> 40) & 0xf) as u8,
-        present: bit(47),
-        dpl: ((d >> 45) & 3) as u8,
-        db: bit(54),
-        s: bit(44),
-        l: bit(53),
-        g,
-        avl: bit(52),
-        unusable: u8::from(bit(47) == 0),
-        padding: 0,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::lwp::cpuid::LwpProfile;
-    use crate::vmm::vcpu::VcpuOps;
+    use crate::vmm::vcpu::ops::VcpuOps;
     use crate::vmm::vcpu::testing::Rig;
 
     #[test]
@@ -228,24 +207,5 @@ mod tests {
             frame_privilege(&view, &sregs, 0x1_0008, 0x10),
             Err(FrameError::Selector(0x1_0008))
         );
-    }
-
-    #[test]
-    fn descriptors_decode_to_segments() {
-        // (descriptor, base, limit, type, DPL, L, present)
-        let table = [
-            (0x00af_9b00_0000_ffff_u64, 0, 0xffff_ffff, 0xb, 0, 1, 1),
-            (0x00cf_f300_0000_ffff, 0, 0xffff_ffff, 0x3, 3, 0, 1),
-            (0x0040_8912_3456_0067, 0x0012_3456, 0x67, 0x9, 0, 0, 1),
-            (0x00af_1b00_0000_ffff, 0, 0xffff_ffff, 0xb, 0, 1, 0),
-        ];
-        for (d, base, limit, type_, dpl, l, present) in table {
-            let s = segment(0x08, d);
-            assert_eq!(
-                (s.base, s.limit, s.type_, s.dpl, s.l, s.present, s.unusable),
-                (base, limit, type_, dpl, l, present, 1 - present),
-                "{d:#x}"
-            );
-        }
     }
 }

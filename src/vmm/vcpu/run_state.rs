@@ -15,7 +15,7 @@
 //! A snapshot point (the guest's write to the snapshot port) settles and
 //! pauses without being asked, and answers nothing ([`on_hold`]).
 
-use super::VcpuEvent;
+use super::protocol::VcpuEvent;
 
 /// Where the vCPU thread is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

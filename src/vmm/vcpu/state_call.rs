@@ -13,9 +13,9 @@ use std::sync::atomic::Ordering;
 use kvm_bindings::kvm_sregs;
 use vm_memory::ByteValued;
 
+use super::context::ExitCx;
 use super::doorbell::{self, Answer, GsBase};
-use super::exit::ExitCx;
-use super::lwp::CR3_ADDR;
+use super::lwp_state::CR3_ADDR;
 use super::stepper;
 use crate::guard::{Access, GuestView};
 use crate::guest_warn;
@@ -23,11 +23,11 @@ use crate::lwp::fault::GuestFault;
 use crate::lwp::xsave::LwpXsaveArea;
 use crate::profile::objects::hex;
 use crate::profile::trace::MappingLine;
-use crate::vmm::vcpu::privilege;
 use crate::vmm::base::pv::{
     ExecMapping, LINE_CROSSINGS_IN_REPLY, LINE_ON, MAPPING_FIRST, REGS_FRAME_OFFSET, REGS_SIZE,
     Reply, SavedRegs, StateOp, StateStatus, THRESHOLD_LINES,
 };
+use crate::vmm::vcpu::privilege;
 
 /// Handles a write to the state port.
 pub fn lwp_state_call(cx: &mut ExitCx<'_>) {
@@ -309,8 +309,8 @@ mod tests {
     use super::*;
     use crate::lwp::cpuid::{LwpFeatures, LwpProfile};
     use crate::lwp::fault::PF_USER;
-    use crate::vmm::vcpu::step::StepBackend;
     use crate::vmm::vcpu::lwp::after_exit;
+    use crate::vmm::vcpu::step::StepBackend;
     use crate::vmm::vcpu::testing::*;
     use vm_memory::{Bytes, GuestAddress};
 

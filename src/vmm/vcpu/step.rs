@@ -4,11 +4,11 @@
 
 use kvm_bindings::kvm_debug_exit_arch;
 
-use crate::vmm::vcpu::lwp_insn::{MAX_INSN_LEN, retired_branch};
 use crate::lwp::cpuid::LwpFeatures;
 use crate::lwp::memory::UserMemory;
 use crate::lwp::record::EventId;
 use crate::lwp::unit::LwpUnit;
+use crate::vmm::vcpu::lwp_insn::{MAX_INSN_LEN, retired_branch};
 
 /// How lwpvmm single-steps a CPL3 context.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,18 +11,20 @@ use std::cell::{Cell, RefCell};
 use kvm_bindings::{kvm_msi, kvm_regs, kvm_sregs};
 use vm_memory::{ByteValued, Bytes, GuestAddress};
 
+use super::context::ExitCx;
+use super::lwp_state::VcpuLwp;
 use super::ops::{Delivery, EmulationFailure, VcpuOps};
-use super::{ExitCx, VcpuError, VcpuLwp};
+use super::protocol::VcpuError;
 use crate::guard::GuestMemory;
 use crate::guard::pagetable::{PageSize, PageTables, PteFlags};
 use crate::lwp::cpuid::{CpuidEntry, LwpProfile};
 use crate::lwp::fault::GuestFault;
 use crate::lwp::lwpcb::LwpcbFixed;
 use crate::lwp::record::EventRecord;
-use crate::vmm::vcpu::guest_paging::PagingSource;
 use crate::vmm::base::metrics::VcpuMetrics;
-use crate::vmm::vcpu::privilege::segment;
 use crate::vmm::base::pv::Frame;
+use crate::vmm::vcpu::guest_paging::PagingSource;
+use crate::vmm::vcpu::segment::segment;
 use crate::vmm::vcpu::step::StepBackend;
 
 pub const KERNEL_CS: u64 = 0x08;

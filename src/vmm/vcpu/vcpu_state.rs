@@ -4,11 +4,15 @@
 //! pending events, debug registers and the MP state. The LWP unit travels in
 //! its own section (src/vmm/snapshot.rs), because KVM refuses component 62.
 
-use kvm_bindings::{KVM_MAX_MSR_ENTRIES, Msrs, Xsave, kvm_msr_entry};
+use kvm_bindings::{
+    KVM_MAX_MSR_ENTRIES, Msrs, Xsave, kvm_debugregs, kvm_lapic_state, kvm_mp_state, kvm_msr_entry,
+    kvm_regs, kvm_sregs, kvm_vcpu_events, kvm_xcrs,
+};
 use kvm_ioctls::VcpuFd;
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::vmm::snapshot::VcpuSnapshot;
+use super::lwp_state::LwpState;
 use crate::lwp::cpuid::CpuidEntry;
 
 /// Size of `struct kvm_xsave` without its flexible array.
@@ -181,4 +185,35 @@ pub fn apply(fd: &VcpuFd, s: &VcpuSnapshot, xsave_size: usize) -> Result<(), Vcp
     }
     fd.set_vcpu_events(&s.events)
         .map_err(ioctl("KVM_SET_VCPU_EVENTS"))
+}
+
+/// One vCPU.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VcpuSnapshot {
+    /// vCPU index (= APIC ID).
+    pub id: u8,
+    /// The table passed to KVM_SET_CPUID2.
+    pub cpuid: Vec<CpuidEntry>,
+    /// General registers.
+    pub regs: kvm_regs,
+    /// Special registers.
+    pub sregs: kvm_sregs,
+    /// The XSAVE image's size in bytes (KVM_CAP_XSAVE2).
+    pub xsave_size: u32,
+    /// The XSAVE image as 32-bit words (without component 62: KVM refuses it).
+    pub xsave: Vec<u32>,
+    /// Extended control registers.
+    pub xcrs: kvm_xcrs,
+    /// MSRs KVM lists as saveable, as (index, value).
+    pub msrs: Vec<(u32, u64)>,
+    /// Local APIC.
+    pub lapic: kvm_lapic_state,
+    /// Pending events.
+    pub events: kvm_vcpu_events,
+    /// Debug registers.
+    pub debugregs: kvm_debugregs,
+    /// Multiprocessing state.
+    pub mp_state: kvm_mp_state,
+    /// The vCPU's LWP state, when the VM has LWP.
+    pub lwp: Option<LwpState>,
 }

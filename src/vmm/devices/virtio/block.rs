@@ -27,9 +27,9 @@ use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::{DescriptorChain, Queue, QueueT};
 
+use super::device::{DeviceError, DeviceSpec};
 use super::drain::drain;
 use super::mmio::{Halt, Progress, VirtioDevice, read_space};
-use super::{DeviceError, DeviceSpec};
 use crate::guard::GuestMemory;
 use crate::vmm::base::metrics::VcpuMetrics;
 

@@ -10,7 +10,7 @@
 
 use virtio_queue::{DescriptorChain, Queue, QueueT};
 
-use super::DeviceError;
+use super::device::DeviceError;
 use super::mmio::{CHAINS_PER_CALL, Halt};
 use crate::guard::GuestMemory;
 

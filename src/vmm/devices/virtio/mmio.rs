@@ -19,7 +19,7 @@ use virtio_queue::{Queue, QueueState, QueueT};
 use vm_memory::GuestAddress;
 use vmm_sys_util::eventfd::EventFd;
 
-use super::{DeviceError, DeviceSpec, VirtioError};
+use super::device::{DeviceError, DeviceSpec, VirtioError};
 use crate::guard::GuestMemory;
 
 /// "virt", little-endian.

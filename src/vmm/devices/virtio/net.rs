@@ -21,9 +21,9 @@ use virtio_bindings::virtio_net::VIRTIO_NET_F_MAC;
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 
+use super::device::{DeviceError, DeviceSpec};
 use super::drain::drain;
 use super::mmio::{CHAINS_PER_CALL, Halt, Progress, VirtioDevice, read_space};
-use super::{DeviceError, DeviceSpec};
 use crate::guard::GuestMemory;
 use crate::vmm::base::metrics::VcpuMetrics;
 

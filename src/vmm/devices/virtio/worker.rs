@@ -14,12 +14,12 @@ use event_manager::{EventManager, EventOps, Events, MutEventSubscriber, Subscrib
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
-use super::VirtioBus;
+use super::bus::VirtioBus;
+use super::device::VirtioError;
 use super::mmio::{Halt, MmioTransport, Progress};
 use crate::guard::GuestMemory;
 use crate::guest_warn;
 use crate::vmm::base::control_error::ControlError;
-use crate::vmm::error::VmError;
 use crate::vmm::base::metrics::VcpuMetrics;
 use crate::vmm::base::seccomp::{self, SeccompMode, ThreadKind};
 
@@ -96,7 +96,10 @@ impl Loop {
         slot: usize,
         queue: Option<usize>,
         ops: &mut EventOps,
-        what: impl FnOnce(&mut MmioTransport, &GuestMemory) -> Result<Progress, super::DeviceError>,
+        what: impl FnOnce(
+            &mut MmioTransport,
+            &GuestMemory,
+        ) -> Result<Progress, super::device::DeviceError>,
     ) {
         let Some(device) = self.devices.get(slot) else {
             return;
@@ -213,14 +216,11 @@ impl DeviceThread {
         bus: &VirtioBus,
         mem: Arc<GuestMemory>,
         mode: SeccompMode,
-    ) -> Result<Option<Self>, VmError> {
+    ) -> Result<Option<Self>, VirtioError> {
         if bus.is_empty() {
             return Ok(None);
         }
-        let err = |source| VmError::Thread {
-            what: "virtio devices",
-            source,
-        };
+        let err = VirtioError::Thread;
         let wake = EventFd::new(EFD_NONBLOCK).map_err(err)?;
         let halt = Halt::default();
         let mut devices = Vec::new();
@@ -293,10 +293,10 @@ impl DeviceThread {
     }
 
     /// Stops the thread and waits for it.
-    pub fn finish(mut self) -> Result<(), VmError> {
+    pub fn finish(mut self) -> Result<(), VirtioError> {
         self.ask(DeviceEvent::Finish);
         match self.join.take().map(JoinHandle::join) {
-            Some(Err(_)) => Err(VmError::Panicked("virtio devices".into())),
+            Some(Err(_)) => Err(VirtioError::Panicked),
             _ => Ok(()),
         }
     }

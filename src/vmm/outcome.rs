@@ -1,0 +1,81 @@
+//! How a run ended, as the `Vmm` returns it and the metrics file records
+//! it: why the VM stopped, its counters, each LWP unit's. Below the control
+//! thread that decides it and the `Vmm` that returns it.
+
+use serde::Serialize;
+
+use crate::lwp::unit::UnitStats;
+use crate::vmm::base::metrics::VmCounters;
+use crate::vmm::base::signals;
+use crate::vmm::devices::port_bus::GuestEnd;
+
+/// Why a VM stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VmEnd {
+    /// The guest ended it.
+    Guest(GuestEnd),
+    /// lwpvmm received this signal (SIGINT, SIGTERM) and stopped it.
+    Signal(i32),
+    /// A `VmmHandle` stopped it.
+    Stopped,
+}
+
+impl std::fmt::Display for VmEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            VmEnd::Guest(end) => end.fmt(f),
+            VmEnd::Signal(signal) => {
+                write!(f, "{} received", signals::name(*signal))
+            }
+            VmEnd::Stopped => f.write_str("stopped through the API or a VmmHandle"),
+        }
+    }
+}
+
+/// How a VM ended.
+#[derive(Debug, Clone)]
+pub struct RunOutcome {
+    /// Why it stopped.
+    pub end: VmEnd,
+    /// The counters.
+    pub metrics: VmCounters,
+    /// Each vCPU's LWP unit counters.
+    pub lwp: Vec<UnitStats>,
+    /// What failed on the way without stopping the VM (a requested
+    /// snapshot, a metrics write): the caller should report it and fail.
+    pub errors: Vec<String>,
+}
+
+/// The metrics file's document: how the run ended (`null` while it runs),
+/// the VM's counters, and each LWP unit's.
+#[derive(Debug, Serialize)]
+pub struct MetricsDocument<'a> {
+    end: Option<serde_json::Value>,
+    /// Why the run failed, when it ended on a VMM error.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    vm: &'a VmCounters,
+    lwp_units: &'a [UnitStats],
+}
+
+/// The metrics document for `end`.
+pub fn metrics_document<'a>(
+    end: Option<VmEnd>,
+    vm: &'a VmCounters,
+    lwp_units: &'a [UnitStats],
+) -> MetricsDocument<'a> {
+    let end = end.map(|end| match end {
+        VmEnd::Guest(GuestEnd::ExitPort(value)) => serde_json::json!({ "exit_port": value }),
+        VmEnd::Guest(GuestEnd::PowerOff) => serde_json::json!("power_off"),
+        VmEnd::Guest(GuestEnd::Reboot) => serde_json::json!("reboot"),
+        VmEnd::Guest(GuestEnd::OutputClosed) => serde_json::json!("output_closed"),
+        VmEnd::Signal(signal) => serde_json::json!({ "signal": signal }),
+        VmEnd::Stopped => serde_json::json!("stopped"),
+    });
+    MetricsDocument {
+        end,
+        error: None,
+        vm,
+        lwp_units,
+    }
+}

@@ -1,0 +1,473 @@
+//! The thread that runs one vCPU: KVM_RUN in a loop, each exit dispatched
+//! (exit.rs), and the VMM's events taken between runs, as run_state.rs's
+//! table says. The VMM drives it through a [`VcpuHandle`]: events on a
+//! channel, answered on another, and a kick (a signal whose handler makes
+//! KVM_RUN return) so that a running vCPU sees them at once. A paused vCPU
+//! blocks on its channel; nothing polls.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use kvm_bindings::kvm_run;
+use kvm_ioctls::SyncReg;
+use vmm_sys_util::eventfd::EventFd;
+use vmm_sys_util::signal::{Killable, SIGRTMIN};
+
+use super::context::ExitCx;
+use super::exit::{Devices, ExitAction, act, handle_exit};
+use super::lwp;
+use super::lwp_state::VcpuLwp;
+use super::ops::{KvmVcpu, VcpuOps};
+use super::protocol::{VcpuError, VcpuEvent, VcpuResponse, VcpuStep, VcpuStop, VcpuThreadResult};
+use super::run_state::{self, Reply, RunState, Transition};
+use super::vcpu_state;
+use crate::guard::GuestMemory;
+use crate::lwp::cpuid::{CpuidEntry, LwpFeatures};
+use crate::lwp::unit::LwpUnit;
+use crate::vmm::base::metrics::VcpuMetrics;
+use crate::vmm::base::recorder::Recorder;
+use crate::vmm::base::seccomp::{self, SeccompMode, ThreadKind};
+use crate::vmm::devices::port_bus::PortBus;
+use crate::vmm::vcpu::step::StepBackend;
+use crate::vmm::vcpu::vcpu_state::VcpuSnapshot;
+
+/// What every vCPU of a VM shares.
+pub struct Shared {
+    /// Guest memory.
+    pub mem: Arc<GuestMemory>,
+    /// The port bus.
+    pub bus: Arc<Mutex<PortBus>>,
+    /// The virtio devices' register windows.
+    pub virtio: crate::vmm::devices::virtio::VirtioBus,
+    /// The IOAPIC.
+    pub ioapic: Arc<crate::vmm::devices::ioapic::IoapicDevice>,
+    /// Set when the VM is to stop.
+    pub stop: AtomicBool,
+    /// KVM_CAP_XSAVE2 of this VM.
+    pub xsave_size: usize,
+    /// The MSRs KVM lists as saveable.
+    pub msr_indices: Vec<u32>,
+    /// The trace, the API's captures and the guest's reported mappings.
+    pub recorder: Arc<Recorder>,
+    /// Written when a vCPU ends the VM (or fails).
+    pub exit: EventFd,
+    /// Written when a vCPU reaches a snapshot point.
+    pub snapshot_point: EventFd,
+}
+
+thread_local! {
+    static KVM_RUN: Cell<*mut kvm_run> = const { Cell::new(std::ptr::null_mut()) };
+}
+
+/// The kick signal's handler: makes the vCPU thread's KVM_RUN return at
+/// once (or not enter at all), so it sees what it was kicked for.
+pub extern "C" fn kick_handler(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    let run = KVM_RUN.with(Cell::get);
+    if !run.is_null() {
+        // SAFETY: the pointer is this thread's own kvm_run mapping, stored by
+        // `Vcpu::run_loop` before the first KVM_RUN and cleared before the
+        // mapping goes away; a signal handler on this thread can only run
+        // while it is valid. immediate_exit is a plain byte KVM reads at entry.
+        unsafe { (*run).immediate_exit = 1 };
+    }
+}
+
+/// The cycles a vCPU ran between two sampling kicks.
+#[derive(Debug, Default)]
+struct SampleClock {
+    tsc_khz: u32,
+    last: Option<(u64, Option<Duration>)>,
+}
+
+impl SampleClock {
+    /// Cycles since the last call: the thread's CPU time (which a preempted
+    /// thread or a halted guest does not add to) at the TSC rate; the guest
+    /// TSC's advance where either is unknown.
+    fn cycles(&mut self, tsc: u64) -> u64 {
+        let cpu = cpu_time::ThreadTime::try_now()
+            .ok()
+            .map(|t| t.as_duration());
+        match (self.last.replace((tsc, cpu)), cpu) {
+            (Some((_, Some(before))), Some(now)) if self.tsc_khz > 0 => {
+                let nanos = now.saturating_sub(before).as_nanos();
+                u64::try_from(nanos * u128::from(self.tsc_khz) / 1_000_000).unwrap_or(u64::MAX)
+            }
+            (Some((before, _)), _) => tsc.saturating_sub(before),
+            (None, _) => 0,
+        }
+    }
+}
+
+/// A vCPU before its thread starts.
+pub struct Vcpu {
+    kvm: KvmVcpu,
+    lwp: VcpuLwp,
+    cpuid: Vec<CpuidEntry>,
+    clock: SampleClock,
+    metrics: Arc<VcpuMetrics>,
+}
+
+/// The thread side of a vCPU's channels.
+struct Mailbox {
+    events: Receiver<VcpuEvent>,
+    responses: Sender<VcpuResponse>,
+    pending: Arc<AtomicBool>,
+    sample_due: Arc<AtomicBool>,
+    clock_armed: Arc<AtomicBool>,
+}
+
+impl Vcpu {
+    /// A vCPU: `cpuid` is the table it was given (a snapshot saves it),
+    /// `tsc_khz` its TSC rate (0 when unknown).
+    pub fn new(kvm: KvmVcpu, cpuid: Vec<CpuidEntry>, lwp: VcpuLwp, tsc_khz: u32) -> Self {
+        Vcpu {
+            kvm,
+            lwp,
+            cpuid,
+            clock: SampleClock {
+                tsc_khz,
+                last: None,
+            },
+            metrics: Arc::new(VcpuMetrics::default()),
+        }
+    }
+
+    /// Its index.
+    pub fn id(&self) -> u8 {
+        self.kvm.id()
+    }
+
+    /// The KVM vCPU (the stepping probe).
+    pub fn kvm(&mut self) -> &mut KvmVcpu {
+        &mut self.kvm
+    }
+
+    /// The KVM vCPU's descriptor (booting, restoring its state).
+    pub fn kvm_fd(&self) -> &kvm_ioctls::VcpuFd {
+        self.kvm.fd()
+    }
+
+    /// Its LWP state.
+    pub fn lwp(&self) -> &VcpuLwp {
+        &self.lwp
+    }
+
+    /// Its counters.
+    pub fn metrics(&self) -> Arc<VcpuMetrics> {
+        Arc::clone(&self.metrics)
+    }
+
+    /// Keeps a copy of every record its unit stores, for the trace, with
+    /// call stacks when `stacks`.
+    pub fn trace_records(&mut self, stacks: bool) {
+        self.lwp.keep_log(stacks);
+    }
+
+    /// Starts its thread, which installs its seccomp filter before its first
+    /// KVM_RUN.
+    pub fn start(
+        mut self,
+        shared: Arc<Shared>,
+        seccomp: SeccompMode,
+    ) -> std::io::Result<VcpuHandle> {
+        let (event_tx, events) = channel();
+        let (responses, response_rx) = channel();
+        let pending = Arc::new(AtomicBool::new(false));
+        let sample_due = Arc::new(AtomicBool::new(false));
+        let clock_armed = Arc::new(AtomicBool::new(false));
+        let mailbox = Mailbox {
+            events,
+            responses,
+            pending: Arc::clone(&pending),
+            sample_due: Arc::clone(&sample_due),
+            clock_armed: Arc::clone(&clock_armed),
+        };
+        let name = format!("vcpu{}", self.id());
+        let thread = thread::Builder::new()
+            .name(format!("lwpvmm-{name}"))
+            .spawn(move || {
+                let result = match seccomp::install(ThreadKind::Vcpu, seccomp, &name) {
+                    Err(e) => Err(VcpuError::Seccomp(e)),
+                    Ok(()) => self.run_loop(&shared, &mailbox),
+                };
+                if !matches!(result, Ok(VcpuStop::Stopped)) {
+                    shared.stop.store(true, Ordering::Release);
+                    let _ = shared.exit.write(1);
+                }
+                (
+                    result,
+                    self.lwp.unit().map(LwpUnit::stats).unwrap_or_default(),
+                )
+            })?;
+        Ok(VcpuHandle {
+            thread,
+            events: event_tx,
+            responses: response_rx,
+            pending,
+            sample_due,
+            clock_armed,
+        })
+    }
+
+    fn run_loop(&mut self, shared: &Shared, mailbox: &Mailbox) -> Result<VcpuStop, VcpuError> {
+        if let Some(backend) = self.lwp.stepper.backend() {
+            let counter = match backend {
+                StepBackend::GuestDebug => &self.metrics.step_backend_guest_debug,
+                StepBackend::TrapFlag => &self.metrics.step_backend_trap_flag,
+            };
+            counter.store(1, Ordering::Relaxed);
+        }
+        let fd = self.kvm.fd_mut();
+        fd.set_sync_valid_reg(SyncReg::Register);
+        fd.set_sync_valid_reg(SyncReg::SystemRegister);
+        KVM_RUN.with(|c| c.set(fd.get_kvm_run()));
+        let result = self.exits(shared, mailbox);
+        KVM_RUN.with(|c| c.set(std::ptr::null_mut()));
+        result
+    }
+
+    fn exits(&mut self, shared: &Shared, mailbox: &Mailbox) -> Result<VcpuStop, VcpuError> {
+        let mut hold = false;
+        loop {
+            if shared.stop.load(Ordering::Acquire) {
+                return Ok(VcpuStop::Stopped);
+            }
+            if (mailbox.pending.swap(false, Ordering::AcqRel) || hold)
+                && let Some(stop) = self.events(mailbox, shared, std::mem::take(&mut hold))?
+            {
+                return Ok(stop);
+            }
+            let id = self.kvm.id();
+            let exit = self.kvm.fd_mut().run();
+            let returned = Instant::now();
+            let steps = self.metrics.steps.load(Ordering::Relaxed);
+            let action = handle_exit(
+                exit,
+                &mut Devices {
+                    id,
+                    bus: &shared.bus,
+                    virtio: &shared.virtio,
+                    ioapic: &shared.ioapic,
+                    mem: &shared.mem,
+                    lwp: &mut self.lwp,
+                    metrics: &self.metrics,
+                },
+            )?;
+            if action == ExitAction::Interrupted {
+                // A kick set it; the next KVM_RUN must enter the guest.
+                self.kvm.fd_mut().set_kvm_immediate_exit(0);
+            }
+            let mut cx = ExitCx {
+                vcpu: &mut self.kvm,
+                lwp: &mut self.lwp,
+                mem: &shared.mem,
+                metrics: &self.metrics,
+                recorder: &shared.recorder,
+            };
+            let mut sampled = None;
+            match act(action, &mut cx)? {
+                VcpuStep::End(end) => return Ok(VcpuStop::Ended(end)),
+                VcpuStep::SnapshotPoint => {
+                    hold = true;
+                    let _ = shared.snapshot_point.write(1);
+                }
+                VcpuStep::Interrupted => {
+                    if mailbox.sample_due.swap(false, Ordering::AcqRel) {
+                        sampled = Some(Instant::now());
+                        let cycles = self.clock.cycles(cx.vcpu.guest_tsc());
+                        lwp::sample(&mut cx, cycles);
+                    }
+                }
+                VcpuStep::Continue => {}
+            }
+            lwp::after_exit(&mut cx)?;
+            if let Some(t) = sampled {
+                let ns = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                self.metrics.sampler_ns.fetch_add(ns, Ordering::Relaxed);
+            }
+            if self.metrics.steps.load(Ordering::Relaxed) != steps {
+                let ns = u64::try_from(returned.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                self.metrics.step_ns.fetch_add(ns, Ordering::Relaxed);
+            }
+            self.publish_clock(mailbox);
+        }
+    }
+
+    /// Tells the sampler whether this vCPU's unit has a clock event armed
+    /// (CNH or RNH in both LWP_CFG and the loaded LWPCB): only then is it
+    /// kicked. On arming, the cycles counted so far start afresh, so that
+    /// time run unarmed is never charged.
+    fn publish_clock(&mut self, mailbox: &Mailbox) {
+        let armed = self
+            .lwp
+            .unit()
+            .is_some_and(|u| u.counts(LwpFeatures::CNH) || u.counts(LwpFeatures::RNH));
+        if armed != mailbox.clock_armed.load(Ordering::Relaxed) {
+            if armed {
+                self.clock.cycles(self.kvm.guest_tsc());
+            }
+            mailbox.clock_armed.store(armed, Ordering::Release);
+        }
+    }
+
+    /// Takes the events waiting, by the run-state table (`run_state`);
+    /// `hold` pauses without being asked (a snapshot point). Returns how to
+    /// leave the loop, if it must.
+    fn events(
+        &mut self,
+        mailbox: &Mailbox,
+        shared: &Shared,
+        hold: bool,
+    ) -> Result<Option<VcpuStop>, VcpuError> {
+        if hold {
+            return self.paused(mailbox, shared, run_state::on_hold());
+        }
+        while let Ok(event) = mailbox.events.try_recv() {
+            let step = run_state::on_event(RunState::Running, event);
+            match step.next {
+                RunState::Paused => {
+                    if let Some(stop) = self.paused(mailbox, shared, step)? {
+                        return Ok(Some(stop));
+                    }
+                }
+                RunState::Stopped => return Ok(Some(VcpuStop::Stopped)),
+                RunState::Running => self.reply(mailbox, shared, step.reply),
+            }
+        }
+        Ok(None)
+    }
+
+    /// Enters Paused by `entry`: settles at a consistent point (KVM
+    /// completes pending I/O and applies dirty registers, then returns
+    /// without entering the guest), answers, then follows the events until
+    /// resumed or finished.
+    fn paused(
+        &mut self,
+        mailbox: &Mailbox,
+        shared: &Shared,
+        entry: Transition,
+    ) -> Result<Option<VcpuStop>, VcpuError> {
+        if entry.settle {
+            let id = self.kvm.id();
+            let fd = self.kvm.fd_mut();
+            fd.set_kvm_immediate_exit(1);
+            let completed = fd.run().map(|_| ());
+            fd.set_kvm_immediate_exit(0);
+            match completed {
+                Err(e) if e.errno() != libc::EINTR && e.errno() != libc::EAGAIN => {
+                    return Err(VcpuError::Run {
+                        vcpu: id,
+                        source: e,
+                    });
+                }
+                _ => {}
+            }
+        }
+        self.reply(mailbox, shared, entry.reply);
+        loop {
+            let Ok(event) = mailbox.events.recv() else {
+                return Ok(Some(VcpuStop::Stopped));
+            };
+            let step = run_state::on_event(RunState::Paused, event);
+            self.reply(mailbox, shared, step.reply);
+            match step.next {
+                RunState::Paused => {}
+                RunState::Running => return Ok(None),
+                RunState::Stopped => return Ok(Some(VcpuStop::Stopped)),
+            }
+        }
+    }
+
+    /// Sends the control thread `reply`.
+    fn reply(&self, mailbox: &Mailbox, shared: &Shared, reply: Option<Reply>) {
+        let response = match reply {
+            None => return,
+            Some(Reply::Paused) => VcpuResponse::Paused,
+            Some(Reply::Resumed) => VcpuResponse::Resumed,
+            Some(Reply::State) => VcpuResponse::State(Box::new(self.capture(shared))),
+            Some(Reply::StateRefused) => VcpuResponse::State(Box::new(Err(
+                crate::vmm::base::control_error::ControlError::Protocol {
+                    who: "a running vCPU",
+                    answer: "no state".into(),
+                    asked: "SaveState",
+                },
+            ))),
+        };
+        let _ = mailbox.responses.send(response);
+    }
+
+    /// The vCPU's whole state: KVM's and its LWP state.
+    fn capture(
+        &self,
+        shared: &Shared,
+    ) -> Result<VcpuSnapshot, crate::vmm::base::control_error::ControlError> {
+        let id = self.kvm.id();
+        let (mut snapshot, skipped) = vcpu_state::capture(
+            self.kvm.fd(),
+            id,
+            &self.cpuid,
+            shared.xsave_size,
+            &shared.msr_indices,
+        )
+        .map_err(|e| {
+            crate::vmm::base::control_error::ControlError::host(
+                "saving a vCPU's state",
+                format!("vCPU {id}: {e}"),
+            )
+        })?;
+        if !skipped.is_empty() {
+            log::warn!("vCPU {id}: MSRs KVM lists but would not read: {skipped:x?}");
+        }
+        snapshot.lwp = self.lwp.state();
+        Ok(snapshot)
+    }
+}
+
+/// The VMM's side of a running vCPU.
+pub struct VcpuHandle {
+    thread: JoinHandle<VcpuThreadResult>,
+    events: Sender<VcpuEvent>,
+    responses: Receiver<VcpuResponse>,
+    pending: Arc<AtomicBool>,
+    sample_due: Arc<AtomicBool>,
+    clock_armed: Arc<AtomicBool>,
+}
+
+impl VcpuHandle {
+    /// Sends an event and kicks the vCPU so that it sees it at once; false
+    /// when its thread has ended.
+    pub fn send(&self, event: VcpuEvent) -> bool {
+        let sent = self.events.send(event).is_ok();
+        self.pending.store(true, Ordering::Release);
+        self.kick();
+        sent
+    }
+
+    /// The next answer; `None` when the thread has ended.
+    pub fn recv(&self) -> Option<VcpuResponse> {
+        self.responses.recv().ok()
+    }
+
+    /// Asks for a sampling charge at once, if the vCPU has a clock event
+    /// armed; a vCPU without one is left running.
+    pub fn kick_sample(&self) {
+        if self.clock_armed.load(Ordering::Acquire) {
+            self.sample_due.store(true, Ordering::Release);
+            self.kick();
+        }
+    }
+
+    /// Makes KVM_RUN return (or not enter).
+    pub fn kick(&self) {
+        let _ = self.thread.kill(SIGRTMIN());
+    }
+
+    /// Waits for the thread to end.
+    pub fn join(self) -> thread::Result<VcpuThreadResult> {
+        self.thread.join()
+    }
+}
