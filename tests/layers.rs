@@ -10,6 +10,8 @@
 //! The checker itself is tested on made-up files, so that a loop or an upward import it missed
 //! would fail here too.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 

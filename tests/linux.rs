@@ -113,7 +113,7 @@ fn assert_selftest_passed_with(console: &Console, cpus: u8, summary: &str) {
     let mut lines: Vec<String> = PROGRAMS.iter().map(|p| format!("ok - {p}")).collect();
     lines.extend(
         [
-            // The TSC's frequency comes from kvmclock (src/vmm/cpuid.rs):
+            // The TSC's frequency comes from kvmclock (src/vmm/vcpu/cpuid.rs):
             // calibrating it against the PM timer fails on a loaded host.
             "kvm-clock: Using msrs 4b564d01 and 4b564d00",
             "lwpvmm: LWP for user tasks",

@@ -2,7 +2,7 @@
 //! special registers, the XSAVE image (sized from KVM_CAP_XSAVE2, never
 //! assumed), XCRs, the MSRs KVM lists (counts checked), the local APIC,
 //! pending events, debug registers and the MP state. The LWP unit travels in
-//! its own section (src/vmm/snapshot.rs), because KVM refuses component 62.
+//! its own section (src/vmm/snapshot/mod.rs), because KVM refuses component 62.
 
 use kvm_bindings::{
     KVM_MAX_MSR_ENTRIES, Msrs, Xsave, kvm_debugregs, kvm_lapic_state, kvm_mp_state, kvm_msr_entry,
