@@ -15,7 +15,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 /// lwpvmm, killed if the test ends without stopping it.
@@ -131,13 +131,14 @@ fn start_vm(dir: &Path) -> (Running, PathBuf, SocketAddr, Vec<String>) {
         listen.to_string(),
     ];
     let mut vm = Running(
-        Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
+        common::command()
             .args(&args)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .expect("run lwpvmm"),
     );
+    let _watch = common::watch(&vm.0);
     let started = Instant::now();
     while UnixStream::connect(&sock).is_err() {
         assert!(
@@ -291,10 +292,7 @@ fn the_api_drives_a_running_vm_and_refuses_what_it_must() {
     }
 
     // A second lwpvmm may not take the socket.
-    let second = Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
-        .args(&args)
-        .output()
-        .unwrap();
+    let second = common::output_within(common::command().args(&args), common::RUN_LIMIT);
     let stderr = String::from_utf8_lossy(&second.stderr);
     assert_eq!(second.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("already exists"), "{stderr}");

@@ -5,8 +5,6 @@
 
 mod common;
 
-use std::process::Command;
-
 use common::{lwpvmm, require_kvm};
 
 fn leaf(entries: &[serde_json::Value], leaf: u64) -> Option<[u64; 4]> {
@@ -88,11 +86,12 @@ fn unknown_profile_is_refused_with_the_choices() {
 #[test]
 fn report_matches_the_golden_output() {
     let root = env!("CARGO_MANIFEST_DIR");
-    let out = Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
-        .current_dir(root)
-        .args(["report", "tests/data/report.trace"])
-        .output()
-        .unwrap();
+    let out = common::output_within(
+        common::command()
+            .current_dir(root)
+            .args(["report", "tests/data/report.trace"]),
+        common::RUN_LIMIT,
+    );
     assert!(out.status.success(), "{out:?}");
     let golden = std::fs::read_to_string(format!("{root}/tests/data/report.golden")).unwrap();
     assert_eq!(String::from_utf8(out.stdout).unwrap(), golden);
@@ -202,7 +201,7 @@ fn signals_stop_the_vm_cleanly() {
             dir.join(format!("{signal_name}.trace")),
             dir.join(format!("{signal_name}.json")),
         );
-        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
+        let mut child = common::command()
             .args(["run", "--kernel"])
             .arg(&kernel)
             .args(["--memory", "64", "--cmdline", "iterations=1000000000"])
@@ -215,6 +214,7 @@ fn signals_stop_the_vm_cleanly() {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
+        let _watch = common::watch(&child);
         // Iteration 1000 reached: LWPVAL records are stored.
         wait_for(&console, "replay: step 1000", &mut child);
         signal(&child, signal_name);
@@ -267,7 +267,7 @@ fn user_signals_and_a_second_sigint() {
             dir.join(format!("{with_metrics}.console")),
             dir.join(format!("{with_metrics}.json")),
         );
-        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_lwpvmm"));
+        let mut command = common::command();
         command
             .args(["run", "--kernel"])
             .arg(&kernel)
@@ -280,6 +280,7 @@ fn user_signals_and_a_second_sigint() {
             command.arg("--metrics").arg(&metrics);
         }
         let mut child = command.spawn().unwrap();
+        let _watch = common::watch(&child);
         wait_for(&console, "replay: step 1000", &mut child);
         signal(&child, "USR1");
         signal(&child, "USR2");
@@ -388,12 +389,13 @@ fn info_logging_says_why_the_vm_ended() {
     require_kvm();
     let kernel = std::env::temp_dir().join(format!("lwpvmm-why-{}.elf", std::process::id()));
     std::fs::write(&kernel, lwpvmm::guests::get("minimal").unwrap()).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
-        .args(["run", "--kernel"])
-        .arg(&kernel)
-        .env("RUST_LOG", "lwpvmm=info")
-        .output()
-        .unwrap();
+    let out = common::output_within(
+        common::command()
+            .args(["run", "--kernel"])
+            .arg(&kernel)
+            .env("RUST_LOG", "lwpvmm=info"),
+        common::RUN_LIMIT,
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("the VM ended: the guest wrote 0 to the exit port"),
@@ -409,11 +411,12 @@ fn info_logging_says_why_the_vm_ended() {
 fn a_closed_standard_output_ends_the_output() {
     require_kvm();
     use std::io::BufRead;
-    let closed = std::process::Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
+    let closed = common::command()
         .arg("cpuid")
         .stdout(std::process::Stdio::piped())
         .spawn()
         .map(|mut c| {
+            let _watch = common::watch(&c);
             drop(c.stdout.take());
             c.wait_with_output().unwrap()
         })
@@ -421,7 +424,7 @@ fn a_closed_standard_output_ends_the_output() {
     assert_eq!(closed.status.code(), Some(0), "{closed:?}");
     let (dir, kernel) = replay_in("epipe");
     let metrics = dir.join("m.json");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
+    let mut child = common::command()
         .args(["run", "--kernel"])
         .arg(&kernel)
         .args([
@@ -436,6 +439,7 @@ fn a_closed_standard_output_ends_the_output() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    let _watch = common::watch(&child);
     let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
     stdout.read_line(&mut line).unwrap();
@@ -526,12 +530,13 @@ fn report_streams_a_trace_larger_than_its_memory() {
         size > 2 * limit,
         "the trace ({size} bytes) must exceed the limit"
     );
-    let out = std::process::Command::new("prlimit")
-        .arg(format!("--as={limit}"))
-        .arg(env!("CARGO_BIN_EXE_lwpvmm"))
-        .args(["report", big.to_str().unwrap()])
-        .output()
-        .expect("run prlimit (util-linux)");
+    let out = common::output_within(
+        std::process::Command::new("prlimit")
+            .arg(format!("--as={limit}"))
+            .arg(common::BIN)
+            .args(["report", big.to_str().unwrap()]),
+        common::RUN_LIMIT,
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{out:?}");
     assert!(text.contains("# 1200000 records"), "{text}");

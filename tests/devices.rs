@@ -50,10 +50,10 @@ fn linux_with(prefix: &[&str], args: &[&str]) -> (Output, Console) {
     let mut command = match prefix.split_first() {
         Some((first, rest)) => {
             let mut c = Command::new(first);
-            c.args(rest).arg(env!("CARGO_BIN_EXE_lwpvmm"));
+            c.args(rest).arg(common::BIN);
             c
         }
-        None => Command::new(env!("CARGO_BIN_EXE_lwpvmm")),
+        None => common::command(),
     };
     let out = output_within(
         command
@@ -190,10 +190,7 @@ fn a_snapshot_taken_during_disk_io_restores_and_a_read_only_disk_refuses_writes(
     let mut image = fs::read(&data).expect("data image");
     image[2 << 20..].fill(0);
     fs::write(&data, &image).expect("zero the second half");
-    let out = output_within(
-        Command::new(env!("CARGO_BIN_EXE_lwpvmm")).args(["restore", path(&snap)]),
-        RUN_LIMIT,
-    );
+    let out = output_within(common::command().args(["restore", path(&snap)]), RUN_LIMIT);
     let restored = String::from_utf8_lossy(&out.stdout);
     assert_eq!(
         out.status.code(),
@@ -292,7 +289,7 @@ fn a_guest_on_a_tap_answers_tcp_from_the_host() {
     let kernel = linux().join("vmlinux");
     let child = spawn_within(
         Command::new("ip")
-            .args(["netns", "exec", &ns.name, env!("CARGO_BIN_EXE_lwpvmm")])
+            .args(["netns", "exec", &ns.name, common::BIN])
             .args(["run", "--kernel", path(&kernel), "--memory", "64"])
             .args(["--disk", path(&root), "--net", "tap=lwptap0"])
             .args(["--cmdline", &cmdline]),

@@ -42,19 +42,16 @@ fn run_linux(extra: &[&str]) -> (Output, Console) {
         "64",
     ];
     args.extend_from_slice(extra);
-    let out = output_within(
-        Command::new(env!("CARGO_BIN_EXE_lwpvmm")).args(&args),
-        RUN_LIMIT,
-    );
+    let out = output_within(common::command().args(&args), RUN_LIMIT);
     let console = Console::of(&out);
     (out, console)
 }
 
 fn leaf_of_cpuid_command(profile: &str, guest: &str) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
-        .args(["cpuid", "--lwp", profile, "--guest", guest, "--json"])
-        .output()
-        .expect("run lwpvmm cpuid");
+    let out = output_within(
+        common::command().args(["cpuid", "--lwp", profile, "--guest", guest, "--json"]),
+        RUN_LIMIT,
+    );
     assert!(out.status.success(), "{out:?}");
     let entries: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("JSON");
     let e = entries
@@ -220,11 +217,12 @@ fn a_guest_on_two_vcpus_passes_profiles_and_resumes_from_a_snapshot() {
         ("--sysroot", linux().join("bin")),
         ("--sysroot", linux().join("initramfs.cpio")),
     ] {
-        let report = Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
-            .args(["report", trace_arg, option])
-            .arg(&file)
-            .output()
-            .expect("run lwpvmm report");
+        let report = output_within(
+            common::command()
+                .args(["report", trace_arg, option])
+                .arg(&file),
+            RUN_LIMIT,
+        );
         let text = String::from_utf8_lossy(&report.stdout);
         assert!(report.status.success(), "{option} {file:?}: {report:?}");
         // Every frame is named from lwp-hot's own ELF, and the work shows:
@@ -254,10 +252,7 @@ fn a_guest_on_two_vcpus_passes_profiles_and_resumes_from_a_snapshot() {
         .expect("the snapshot's state file");
     let waited = taken.elapsed().unwrap_or_default();
     std::thread::sleep(std::time::Duration::from_secs(31).saturating_sub(waited));
-    let restored = output_within(
-        Command::new(env!("CARGO_BIN_EXE_lwpvmm")).args(["restore", dir_arg]),
-        RUN_LIMIT,
-    );
+    let restored = output_within(common::command().args(["restore", dir_arg]), RUN_LIMIT);
     let after = Console::of(&restored);
     assert_eq!(restored.status.code(), Some(0), "{after}");
     assert!(
@@ -411,7 +406,7 @@ fn a_collector_fetches_a_profile_of_two_processes_over_the_api() {
     let _ = std::fs::remove_file(&sock);
     let cmdline = format!("{} lwpprof=600", lwpvmm::vmm::boot::LINUX_CMDLINE);
     let mut vm = common::spawn_within(
-        Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
+        common::command()
             .args(["run", "--kernel"])
             .arg(dir.join("vmlinux"))
             .arg("--initramfs")

@@ -301,7 +301,7 @@ fn a_timer_and_sigusr2_take_snapshots_while_running() {
     let elf = work.join("replay.elf");
     std::fs::write(&elf, lwpvmm::guests::get("replay").unwrap()).unwrap();
     let dir = work.join("snap");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
+    let mut child = common::command()
         .args([
             "run",
             "--kernel",
@@ -318,6 +318,7 @@ fn a_timer_and_sigusr2_take_snapshots_while_running() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    let _watch = common::watch(&child);
     let mut stderr = BufReader::new(child.stderr.take().unwrap());
     let mut line = String::new();
     while !line.contains("ready:") {
@@ -380,13 +381,14 @@ fn a_memory_file_truncated_underneath_is_named() {
         "--snapshot-on-port",
     ]);
     assert_eq!(taken.status.code(), Some(1), "{taken:?}");
-    let mut restore = Command::new(env!("CARGO_BIN_EXE_lwpvmm"))
+    let mut restore = common::command()
         .env("RUST_LOG", "info")
         .args(["restore", dir.to_str().unwrap()])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("run lwpvmm restore");
+    let _watch = common::watch(&restore);
     // Once the VM runs from the mapped file.
     let mut err = String::new();
     let mut lines = BufReader::new(restore.stderr.take().unwrap()).lines();

@@ -200,14 +200,57 @@ pub fn require_kvm() {
     );
 }
 
+/// The lwpvmm binary under test: every run a test starts names it here.
+pub const BIN: &str = env!("CARGO_BIN_EXE_lwpvmm");
+
+/// A command that runs lwpvmm, for [`output_within`], [`spawn_within`], or a
+/// child the test holds itself under a [`Watchdog`].
+pub fn command() -> Command {
+    Command::new(BIN)
+}
+
 /// Runs the lwpvmm binary with `args` to its end, within [`RUN_LIMIT`],
 /// after checking that /dev/kvm is there.
 pub fn lwpvmm(args: &[&str]) -> Output {
     require_kvm();
-    output_within(
-        Command::new(env!("CARGO_BIN_EXE_lwpvmm")).args(args),
-        RUN_LIMIT,
-    )
+    output_within(command().args(args), RUN_LIMIT)
+}
+
+/// The time limit of a child a test holds itself (to signal it, to close
+/// its pipes, to read it as it runs): past [`RUN_LIMIT`] it is killed,
+/// and the test then fails on what it got, instead of stalling the suite.
+/// Dropping the watchdog ends its watch.
+pub struct Watchdog {
+    stop: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Watches `child` for [`RUN_LIMIT`].
+pub fn watch(child: &Child) -> Watchdog {
+    let pid = child.id().to_string();
+    let (stop, stopped) = std::sync::mpsc::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(RUN_LIMIT) {
+            eprintln!("lwpvmm (pid {pid}) outlived its {RUN_LIMIT:?} limit: killed");
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid])
+                .stderr(Stdio::null())
+                .status();
+        }
+    });
+    Watchdog {
+        stop: Some(stop),
+        thread: Some(thread),
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 /// The directory holding vmlinux, initramfs.cpio and rootfs.ext4, built on
