@@ -34,13 +34,34 @@ use crate::vmm::error::VmError;
 use crate::vmm::machine::MachineSpec;
 use crate::vmm::outcome::{RunOutcome, VmEnd, metrics_document};
 use crate::vmm::output::RewriteFile;
-use crate::vmm::snapshot::{self, MemoryLayout, ParentRef, VmKvmState, VmSnapshot};
+use crate::vmm::snapshot::{self, MemoryLayout, ParentRef, SnapshotError, VmKvmState, VmSnapshot};
 use crate::vmm::vcpu::{Shared, VcpuEvent, VcpuHandle, VcpuResponse, VcpuStop};
+
+/// What the control thread needs of the VM itself, beside its vCPUs,
+/// devices and memory: KVM's VM-wide state and its dirty log, for
+/// snapshots. A `VmFd`; the control thread's tests pass a VM without KVM.
+pub trait VmOps: Send + Sync {
+    /// The VM-wide KVM state (kvmclock), read while the vCPUs are paused.
+    fn kvm_state(&self) -> Result<VmKvmState, SnapshotError>;
+    /// KVM's bitmap of the pages written in memory slot `slot` (`len`
+    /// bytes) since the last call, which clears it.
+    fn dirty_log(&self, slot: u32, len: usize) -> Result<Vec<u64>, kvm_ioctls::Error>;
+}
+
+impl VmOps for VmFd {
+    fn kvm_state(&self) -> Result<VmKvmState, SnapshotError> {
+        VmKvmState::capture(self)
+    }
+
+    fn dirty_log(&self, slot: u32, len: usize) -> Result<Vec<u64>, kvm_ioctls::Error> {
+        self.get_dirty_log(slot, len)
+    }
+}
 
 /// Everything the control thread owns.
 pub struct Control {
     /// The VM (its clock and dirty log for snapshots).
-    pub vm: Arc<VmFd>,
+    pub vm: Arc<dyn VmOps>,
     /// What the vCPUs share.
     pub shared: Arc<Shared>,
     /// The running vCPUs.
@@ -487,7 +508,7 @@ impl Control {
             let len = region.len() as usize;
             let kvm = self
                 .vm
-                .get_dirty_log(slot as u32, len)
+                .dirty_log(slot as u32, len)
                 .map_err(|e| ControlError::host("KVM_GET_DIRTY_LOG", e))?;
             let ours = vm_memory::MmapRegion::bitmap(region).get_and_reset();
             let words = len.div_ceil(4096).div_ceil(64);
@@ -537,8 +558,10 @@ impl Control {
                 _ => return Err(ControlError::Stopped("every vCPU saved its state")),
             }
         }
-        let vm =
-            VmKvmState::capture(&self.vm).map_err(|e| ControlError::host("KVM_GET_CLOCK", e))?;
+        let vm = self
+            .vm
+            .kvm_state()
+            .map_err(|e| ControlError::host("KVM_GET_CLOCK", e))?;
         let devices = self.shared.virtio.snapshot()?;
         let (serial, pm) = {
             let bus = self

@@ -10,13 +10,16 @@
 //!   works with);
 //! - handlers: `inject`, `stepper`, `doorbell`, `lwp`, `state_call`, then
 //!   `exit`, which dispatches to them;
-//! - the thread: `run_state` (its table of states), `thread`.
+//! - the thread: `run_state` (its table of states), `thread`; in tests,
+//!   `cued` (a vCPU that exits on cue) and `thread_tests` above them.
 //!
 //! Below this part: `base` and `devices` (the exits route port and MMIO
 //! accesses to the devices).
 
 mod context;
 pub mod cpuid;
+#[cfg(test)]
+pub(crate) mod cued;
 mod doorbell;
 mod exit;
 pub mod guest_paging;
@@ -38,6 +41,8 @@ mod stepper_tests;
 #[cfg(test)]
 pub(crate) mod testing;
 mod thread;
+#[cfg(test)]
+mod thread_tests;
 pub mod topology;
 pub mod vcpu_state;
 

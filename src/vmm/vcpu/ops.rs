@@ -6,17 +6,20 @@
 
 use std::sync::Arc;
 
+use kvm_bindings::kvm_run;
 use kvm_bindings::{
     KVM_GUESTDBG_ENABLE, KVM_GUESTDBG_SINGLESTEP, Msrs, kvm_guest_debug, kvm_msi, kvm_msr_entry,
     kvm_regs, kvm_sregs,
 };
-use kvm_ioctls::{SyncReg, VcpuFd, VmFd};
+use kvm_ioctls::{SyncReg, VcpuExit, VcpuFd, VmFd};
 
 use super::protocol::VcpuError;
 use crate::guard::{GuardError, Paging};
+use crate::lwp::cpuid::CpuidEntry;
 use crate::lwp::fault::GuestFault;
 use crate::vmm::vcpu::guest_paging::PagingSource;
 use crate::vmm::vcpu::lwp_insn::MAX_INSN_LEN;
+use crate::vmm::vcpu::vcpu_state::{self, VcpuSnapshot, VcpuStateError};
 
 const KVM_INTERNAL_ERROR_EMULATION: u32 = 1;
 const MSR_KERNEL_GS_BASE: u32 = 0xc000_0102;
@@ -89,6 +92,29 @@ pub trait VcpuOps {
     }
 }
 
+/// What the vCPU thread needs of a vCPU beyond exit handling: entering
+/// the guest, and the vCPU's whole KVM state. [`KvmVcpu`] runs KVM_RUN;
+/// the thread's tests pass a vCPU that exits on cue, so the thread's
+/// protocol (pause, resume, save, finish, a kick) runs without /dev/kvm.
+pub trait VcpuRun: VcpuOps + Send {
+    /// Readies the vCPU for its thread; returns the kvm_run area a kick's
+    /// signal handler sets immediate_exit in (null when there is none).
+    fn prepare_thread(&mut self) -> *mut kvm_run;
+    /// Runs the guest to its next exit (KVM_RUN).
+    fn run(&mut self) -> Result<VcpuExit<'_>, kvm_ioctls::Error>;
+    /// Whether the next run returns before it enters the guest (kvm_run's
+    /// immediate_exit), after completing pending I/O.
+    fn set_immediate_exit(&mut self, on: bool);
+    /// The vCPU's KVM state for a snapshot, and the MSRs KVM lists but would
+    /// not read.
+    fn save_state(
+        &self,
+        cpuid: &[CpuidEntry],
+        xsave_size: usize,
+        msr_indices: &[u32],
+    ) -> Result<(VcpuSnapshot, Vec<u32>), VcpuStateError>;
+}
+
 /// A KVM vCPU.
 pub struct KvmVcpu {
     fd: VcpuFd,
@@ -134,6 +160,31 @@ impl KvmVcpu {
     fn ioctl(&self, what: &'static str) -> impl Fn(kvm_ioctls::Error) -> VcpuError + use<> {
         let vcpu = self.id;
         move |source| VcpuError::Ioctl { vcpu, what, source }
+    }
+}
+
+impl VcpuRun for KvmVcpu {
+    fn prepare_thread(&mut self) -> *mut kvm_run {
+        self.fd.set_sync_valid_reg(SyncReg::Register);
+        self.fd.set_sync_valid_reg(SyncReg::SystemRegister);
+        self.fd.get_kvm_run()
+    }
+
+    fn run(&mut self) -> Result<VcpuExit<'_>, kvm_ioctls::Error> {
+        self.fd.run()
+    }
+
+    fn set_immediate_exit(&mut self, on: bool) {
+        self.fd.set_kvm_immediate_exit(u8::from(on));
+    }
+
+    fn save_state(
+        &self,
+        cpuid: &[CpuidEntry],
+        xsave_size: usize,
+        msr_indices: &[u32],
+    ) -> Result<(VcpuSnapshot, Vec<u32>), VcpuStateError> {
+        vcpu_state::capture(&self.fd, self.id, cpuid, xsave_size, msr_indices)
     }
 }
 

@@ -13,7 +13,6 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use kvm_bindings::kvm_run;
-use kvm_ioctls::SyncReg;
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::signal::{Killable, SIGRTMIN};
 
@@ -21,10 +20,9 @@ use super::context::ExitCx;
 use super::exit::{Devices, ExitAction, act, handle_exit};
 use super::lwp;
 use super::lwp_state::VcpuLwp;
-use super::ops::{KvmVcpu, VcpuOps};
+use super::ops::{KvmVcpu, VcpuRun};
 use super::protocol::{VcpuError, VcpuEvent, VcpuResponse, VcpuStep, VcpuStop, VcpuThreadResult};
 use super::run_state::{self, Reply, RunState, Transition};
-use super::vcpu_state;
 use crate::guard::GuestMemory;
 use crate::lwp::cpuid::{CpuidEntry, LwpFeatures};
 use crate::lwp::unit::LwpUnit;
@@ -102,9 +100,10 @@ impl SampleClock {
     }
 }
 
-/// A vCPU before its thread starts.
-pub struct Vcpu {
-    kvm: KvmVcpu,
+/// A vCPU before its thread starts: a KVM vCPU, or in tests one that
+/// exits on cue.
+pub struct Vcpu<V = KvmVcpu> {
+    kvm: V,
     lwp: VcpuLwp,
     cpuid: Vec<CpuidEntry>,
     clock: SampleClock,
@@ -120,10 +119,22 @@ struct Mailbox {
     clock_armed: Arc<AtomicBool>,
 }
 
-impl Vcpu {
+impl Vcpu<KvmVcpu> {
+    /// The KVM vCPU (the stepping probe).
+    pub fn kvm(&mut self) -> &mut KvmVcpu {
+        &mut self.kvm
+    }
+
+    /// The KVM vCPU's descriptor (booting, restoring its state).
+    pub fn kvm_fd(&self) -> &kvm_ioctls::VcpuFd {
+        self.kvm.fd()
+    }
+}
+
+impl<V: VcpuRun + 'static> Vcpu<V> {
     /// A vCPU: `cpuid` is the table it was given (a snapshot saves it),
     /// `tsc_khz` its TSC rate (0 when unknown).
-    pub fn new(kvm: KvmVcpu, cpuid: Vec<CpuidEntry>, lwp: VcpuLwp, tsc_khz: u32) -> Self {
+    pub fn new(kvm: V, cpuid: Vec<CpuidEntry>, lwp: VcpuLwp, tsc_khz: u32) -> Self {
         Vcpu {
             kvm,
             lwp,
@@ -139,16 +150,6 @@ impl Vcpu {
     /// Its index.
     pub fn id(&self) -> u8 {
         self.kvm.id()
-    }
-
-    /// The KVM vCPU (the stepping probe).
-    pub fn kvm(&mut self) -> &mut KvmVcpu {
-        &mut self.kvm
-    }
-
-    /// The KVM vCPU's descriptor (booting, restoring its state).
-    pub fn kvm_fd(&self) -> &kvm_ioctls::VcpuFd {
-        self.kvm.fd()
     }
 
     /// Its LWP state.
@@ -221,10 +222,8 @@ impl Vcpu {
             };
             counter.store(1, Ordering::Relaxed);
         }
-        let fd = self.kvm.fd_mut();
-        fd.set_sync_valid_reg(SyncReg::Register);
-        fd.set_sync_valid_reg(SyncReg::SystemRegister);
-        KVM_RUN.with(|c| c.set(fd.get_kvm_run()));
+        let run = self.kvm.prepare_thread();
+        KVM_RUN.with(|c| c.set(run));
         let result = self.exits(shared, mailbox);
         KVM_RUN.with(|c| c.set(std::ptr::null_mut()));
         result
@@ -242,7 +241,7 @@ impl Vcpu {
                 return Ok(stop);
             }
             let id = self.kvm.id();
-            let exit = self.kvm.fd_mut().run();
+            let exit = self.kvm.run();
             let returned = Instant::now();
             let steps = self.metrics.steps.load(Ordering::Relaxed);
             let action = handle_exit(
@@ -259,7 +258,7 @@ impl Vcpu {
             )?;
             if action == ExitAction::Interrupted {
                 // A kick set it; the next KVM_RUN must enter the guest.
-                self.kvm.fd_mut().set_kvm_immediate_exit(0);
+                self.kvm.set_immediate_exit(false);
             }
             let mut cx = ExitCx {
                 vcpu: &mut self.kvm,
@@ -353,10 +352,9 @@ impl Vcpu {
     ) -> Result<Option<VcpuStop>, VcpuError> {
         if entry.settle {
             let id = self.kvm.id();
-            let fd = self.kvm.fd_mut();
-            fd.set_kvm_immediate_exit(1);
-            let completed = fd.run().map(|_| ());
-            fd.set_kvm_immediate_exit(0);
+            self.kvm.set_immediate_exit(true);
+            let completed = self.kvm.run().map(|_| ());
+            self.kvm.set_immediate_exit(false);
             match completed {
                 Err(e) if e.errno() != libc::EINTR && e.errno() != libc::EAGAIN => {
                     return Err(VcpuError::Run {
@@ -406,19 +404,15 @@ impl Vcpu {
         shared: &Shared,
     ) -> Result<VcpuSnapshot, crate::vmm::base::control_error::ControlError> {
         let id = self.kvm.id();
-        let (mut snapshot, skipped) = vcpu_state::capture(
-            self.kvm.fd(),
-            id,
-            &self.cpuid,
-            shared.xsave_size,
-            &shared.msr_indices,
-        )
-        .map_err(|e| {
-            crate::vmm::base::control_error::ControlError::host(
-                "saving a vCPU's state",
-                format!("vCPU {id}: {e}"),
-            )
-        })?;
+        let (mut snapshot, skipped) = self
+            .kvm
+            .save_state(&self.cpuid, shared.xsave_size, &shared.msr_indices)
+            .map_err(|e| {
+                crate::vmm::base::control_error::ControlError::host(
+                    "saving a vCPU's state",
+                    format!("vCPU {id}: {e}"),
+                )
+            })?;
         if !skipped.is_empty() {
             log::warn!("vCPU {id}: MSRs KVM lists but would not read: {skipped:x?}");
         }
