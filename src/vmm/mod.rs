@@ -11,6 +11,8 @@ pub mod boot;
 pub mod builder;
 pub mod config;
 pub mod control;
+#[cfg(test)]
+mod control_tests;
 pub mod devices;
 pub mod error;
 pub mod machine;

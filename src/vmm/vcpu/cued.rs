@@ -16,11 +16,12 @@ use kvm_bindings::{kvm_msi, kvm_regs, kvm_run, kvm_sregs};
 use kvm_ioctls::VcpuExit;
 use vm_memory::GuestAddress;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+use vmm_sys_util::signal::{SIGRTMIN, register_signal_handler};
 
 use super::lwp_state::VcpuLwp;
 use super::ops::{Delivery, EmulationFailure, VcpuOps, VcpuRun};
 use super::protocol::VcpuError;
-use super::thread::{Shared, Vcpu};
+use super::thread::{Shared, Vcpu, kick_handler};
 use super::vcpu_state::{VcpuSnapshot, VcpuStateError};
 use crate::guard::GuestMemory;
 use crate::lwp::cpuid::CpuidEntry;
@@ -204,6 +205,13 @@ impl VcpuOps for CuedVcpu {
     fn xsave(&self) -> Option<Vec<u8>> {
         None
     }
+}
+
+/// Installs the kick's handler, as `Vmm::run` does: a kick is SIGRTMIN,
+/// which would otherwise end the test process.
+pub fn kicks_handled() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| register_signal_handler(SIGRTMIN(), kick_handler).expect("the kick handler"));
 }
 
 /// What the vCPUs of a VM share, without KVM: 2 MiB of RAM, a port bus

@@ -49,7 +49,7 @@ pub mod vcpu_state;
 pub use context::ExitCx;
 pub use exit::{Devices, ExitAction, act, handle_exit};
 pub use lwp_state::{LwpState, VcpuLwp};
-pub use ops::{EmulationFailure, KvmVcpu, VcpuOps};
+pub use ops::{EmulationFailure, KvmVcpu, VcpuOps, VcpuRun};
 pub use protocol::{VcpuError, VcpuEvent, VcpuResponse, VcpuStep, VcpuStop, VcpuThreadResult};
 pub use step_state::StepState;
 pub use thread::{Shared, Vcpu, VcpuHandle, kick_handler};

@@ -3,26 +3,16 @@
 //! /dev/kvm. Each test drives it as the control thread does and checks
 //! what it answers, how it ends, and what it tells the other threads.
 
-use std::sync::Once;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use vmm_sys_util::signal::{SIGRTMIN, register_signal_handler};
-
-use super::cued::{Cue, CuedVcpu, Cues, shared};
+use super::cued::{Cue, CuedVcpu, Cues, kicks_handled, shared};
 use super::protocol::{VcpuError, VcpuEvent, VcpuResponse, VcpuStop};
-use super::thread::{Shared, VcpuHandle, kick_handler};
+use super::thread::{Shared, VcpuHandle};
 use crate::vmm::base::control_error::ControlError;
 use crate::vmm::base::pv::{EXIT_PORT, SNAPSHOT_PORT};
 use crate::vmm::base::seccomp::SeccompMode;
 use crate::vmm::devices::port_bus::{GuestEnd, POST_PORT};
-
-/// Installs the kick's handler, as `Vmm::run` does: a kick is SIGRTMIN,
-/// which would otherwise end the test process.
-fn kicks_handled() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| register_signal_handler(SIGRTMIN(), kick_handler).expect("the kick handler"));
-}
 
 /// vCPU 0 of `shared`, started on cue.
 fn start(
