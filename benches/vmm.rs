@@ -624,6 +624,17 @@ struct Throughput {
 /// Runs the throughput guest: CNH armed with `interval` (or no LWP at
 /// all), kicked at `sample_hz`, traced with or without stacks when `trace`.
 fn throughput(sample_hz: u32, interval: Option<u32>, trace: Option<bool>) -> Throughput {
+    throughput_of(sample_hz, interval, trace, false)
+}
+
+/// [`throughput`], with whole-guest samples (`--profile-kernel`) when
+/// `kernel`.
+fn throughput_of(
+    sample_hz: u32,
+    interval: Option<u32>,
+    trace: Option<bool>,
+    kernel: bool,
+) -> Throughput {
     let console = Arc::new(Mutex::new(Vec::new()));
     let file = std::env::temp_dir().join(format!("lwpvmm-bench-{}.trace", std::process::id()));
     let cmdline = match interval {
@@ -638,6 +649,7 @@ fn throughput(sample_hz: u32, interval: Option<u32>, trace: Option<bool>) -> Thr
             &console,
             Profiling {
                 sample_hz,
+                kernel,
                 trace: trace.map(|_| file.clone()),
                 stacks: trace.unwrap_or(false),
                 ..Profiling::default()
@@ -807,6 +819,32 @@ fn sampler() {
         "sample with stack / without = {:.2}",
         cost(&with) / cost(&without)
     );
+    // Whole-guest samples: every vCPU kicked, LWP armed or not (the loop
+    // runs without LWP), each kick a sample with its stack, kept nowhere
+    // (no trace, no capture: the kick and the look are the cost).
+    let bare_loop = best(0, None, None);
+    for rate in [1000, 10_000] {
+        let on = (0..3)
+            .map(|_| throughput_of(rate, None, None, true))
+            .min_by(|a, b| a.cycles.total_cmp(&b.cycles))
+            .expect("three runs");
+        let per_kick = (on.cycles - bare_loop.cycles) / on.kicks.max(1) as f64;
+        println!(
+            "  whole-guest samples at {} kHz: {} kicks, {per_kick:.0} cycles of CPL3 throughput per kick",
+            rate / 1000,
+            on.kicks
+        );
+        println!(
+            "kernel sampling on / off, CPL3 loop = {:.3}  ({} kHz)",
+            bare_loop.cycles / on.cycles,
+            rate / 1000
+        );
+        println!(
+            "whole-guest kick / bare kick exit = {:.2}  ({} kHz)",
+            per_kick / bare_exit,
+            rate / 1000
+        );
+    }
     let (plain, captured, samples) = capture_loss(off.cycles / hz);
     println!(
         "  a pprof request over the API socket, 1 kHz with a record and its stack per kick: loop {:.0} M cycles without, {:.0} M during the capture ({samples} samples in the profile)",
@@ -873,7 +911,18 @@ fn capture_loss(seconds_per_billion: f64) -> (f64, f64, i64) {
                     .position(|w| w == b"\r\n\r\n")
                     .expect("an HTTP answer");
                 let p = lwpvmm::profile::pprof::read(&answer[at + 4..]).expect("a profile");
-                p.sample.iter().map(|s| s.value.iter().sum::<i64>()).sum()
+                // The records: the values of the count types, not the time.
+                let counts: Vec<usize> = p
+                    .sample_type
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, t)| p.string_table[t.unit as usize] == "count")
+                    .map(|(i, _)| i)
+                    .collect();
+                p.sample
+                    .iter()
+                    .map(|s| counts.iter().map(|&i| s.value[i]).sum::<i64>())
+                    .sum()
             })
         });
         vmm::run(&config).expect("throughput guest");

@@ -555,3 +555,107 @@ fn a_collector_fetches_a_profile_of_two_processes_over_the_api() {
     }
     let _ = std::fs::remove_file(&profile);
 }
+
+/// Whole-guest profiles (`--profile-kernel`, docs/profiling.md): with no
+/// LWP at all, one process spinning in the kernel's read path (/dev/zero)
+/// and one in its own code, each pinned to a vCPU for the same ten
+/// seconds. The profile names the kernel function that clears the user
+/// buffer and the user function, and splits the time between the two
+/// processes as the guest did, half each, within 15 points.
+#[test]
+fn a_whole_guest_profile_names_the_kernel_and_the_process() {
+    require_kvm();
+    let dir = linux();
+    let work = dir.join(format!("whole-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).expect("a scratch directory");
+    let trace = work.join("whole.trace");
+    let cmdline = format!("{} wholeprof=10", lwpvmm::vmm::boot::LINUX_CMDLINE);
+    let out = output_within(
+        common::command()
+            .args(["run", "--kernel"])
+            .arg(dir.join("vmlinux"))
+            .arg("--initramfs")
+            .arg(dir.join("initramfs.cpio"))
+            .args(["--memory", "64", "--vcpus", "2", "--lwp", "off"])
+            .args(["--profile-kernel", "--cmdline", &cmdline, "--trace"])
+            .arg(&trace),
+        RUN_LIMIT,
+    );
+    let console = Console::of(&out);
+    assert!(
+        out.status.success() && console.contains("whole-prof: done"),
+        "{console}"
+    );
+    // Without the kernel's symbols its frames are addresses, and report
+    // says what to give.
+    let bare = output_within(
+        common::command().args(["report", "--kernel"]).arg(&trace),
+        RUN_LIMIT,
+    );
+    let said = String::from_utf8_lossy(&bare.stderr);
+    assert!(bare.status.success(), "{bare:?}");
+    assert!(said.contains("--kernel-symbols"), "{said}");
+    let pprof = work.join("whole.pb.gz");
+    let report = output_within(
+        common::command()
+            .args(["report", "--kernel", "--kernel-symbols"])
+            .arg(dir.join("vmlinux"))
+            .arg("--symbols")
+            .arg(dir.join("bin/spin-user"))
+            .arg("--pprof")
+            .arg(&pprof)
+            .arg(&trace),
+        RUN_LIMIT,
+    );
+    let table = String::from_utf8_lossy(&report.stdout);
+    assert!(report.status.success(), "{report:?}");
+    assert!(table.contains("spin_user"), "{table}");
+    let p = lwpvmm::profile::pprof::read(&std::fs::read(&pprof).expect("the profile"))
+        .expect("a gzipped pprof profile");
+    let s = |i: i64| p.string_table[i as usize].as_str();
+    let slot = p
+        .sample_type
+        .iter()
+        .position(|t| (s(t.r#type), s(t.unit)) == ("guest_cpu", "nanoseconds"))
+        .expect("a guest_cpu sample type in nanoseconds");
+    assert_eq!(s(p.default_sample_type), "guest_cpu");
+    let function = |location: u64| {
+        let l = &p.location[location as usize - 1];
+        l.line
+            .first()
+            .map_or("", |line| s(p.function[line.function_id as usize - 1].name))
+    };
+    // Each process is its address space: the one whose samples are in
+    // spin_user, and the one whose stacks clear the read's buffer.
+    let space = |sample: &lwpvmm::profile::pprof::Sample| s(sample.label[0].str).to_owned();
+    let (mut user_space, mut kernel_space) = (None, None);
+    for sample in &p.sample {
+        let names: Vec<&str> = sample.location_id.iter().map(|&l| function(l)).collect();
+        if names.first() == Some(&"spin_user") {
+            user_space = Some(space(sample));
+        }
+        if names.iter().any(|n| n.starts_with("clear_user")) && names.contains(&"read_zero") {
+            kernel_space = Some(space(sample));
+        }
+    }
+    let (user_space, kernel_space) = (
+        user_space.expect("samples in spin_user"),
+        kernel_space.expect("samples in the kernel's read_zero clearing the buffer"),
+    );
+    assert_ne!(user_space, kernel_space);
+    let time_in = |wanted: &str| -> i64 {
+        p.sample
+            .iter()
+            .filter(|x| space(x) == wanted)
+            .map(|x| x.value[slot])
+            .sum()
+    };
+    let (user, kernel) = (time_in(&user_space), time_in(&kernel_space));
+    let share = 100.0 * kernel as f64 / (user + kernel) as f64;
+    assert!(
+        (35.0..=65.0).contains(&share),
+        "the reading process had {share:.0}% of the two processes' time ({kernel} ns against {user} ns), not half"
+    );
+    let _ = std::fs::remove_dir_all(&work);
+}

@@ -685,3 +685,49 @@ fn the_trace_stops_at_its_limit() {
     std::fs::remove_dir_all(dir).unwrap();
     std::fs::remove_file(replay).unwrap();
 }
+
+/// Whole-guest samples never touch the guest's LWP state: the replay
+/// guest's ring (its digest, head, tail, MissedEvents and counter) is the
+/// same byte for byte with `--profile-kernel` at 10 kHz as without.
+#[test]
+fn whole_guest_samples_leave_the_lwp_ring_as_it_was() {
+    let replay = guest_file("replay");
+    let digest = |extra: &[&str]| -> String {
+        let mut args = vec![
+            "run",
+            "--kernel",
+            replay.to_str().unwrap(),
+            "--memory",
+            "64",
+            "--cmdline",
+            "iterations=20000",
+        ];
+        args.extend_from_slice(extra);
+        let out = lwpvmm(&args);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.lines()
+            .find(|l| l.starts_with("replay digest"))
+            .unwrap_or_else(|| panic!("{extra:?}: no digest in {text}"))
+            .to_owned()
+    };
+    let metrics =
+        std::env::temp_dir().join(format!("lwpvmm-test-{}-whole.json", std::process::id()));
+    let off = digest(&["--sample-hz", "0"]);
+    let on = digest(&[
+        "--profile-kernel",
+        "--sample-hz",
+        "10000",
+        "--metrics",
+        metrics.to_str().unwrap(),
+    ]);
+    assert_eq!(off, on);
+    // The samples were taken: the comparison is not of two quiet runs.
+    let m: serde_json::Value = serde_json::from_slice(&std::fs::read(&metrics).unwrap()).unwrap();
+    let taken: u64 = ["guest_kernel_samples", "guest_user_samples"]
+        .iter()
+        .map(|k| m["vm"][k].as_u64().unwrap_or(0))
+        .sum();
+    assert!(taken > 0, "no whole-guest sample was taken: {m}");
+    std::fs::remove_file(metrics).unwrap();
+    std::fs::remove_file(replay).unwrap();
+}

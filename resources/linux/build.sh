@@ -117,6 +117,7 @@ mkdir -p "$OUT/bin"
 cat >"$OUT/initramfs.list" <<LIST
 dir /dev 0755 0 0
 nod /dev/console 0600 0 0 c 5 1
+nod /dev/zero 0666 0 0 c 1 5
 dir /proc 0755 0 0
 LIST
 # Every init/*.c is a program: selftest.c becomes /init, the others /NAME;

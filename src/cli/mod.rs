@@ -141,6 +141,12 @@ pub struct HostArgs {
     /// the sampler off.
     #[arg(long, default_value_t = 1000)]
     pub sample_hz: u32,
+    /// Profile the whole guest: kick every vCPU at --sample-hz and keep what
+    /// each kick found, the guest kernel's stack or a process's, in the
+    /// trace and the API's profiles (host-side samples, EventId 0; the
+    /// guest's LWP state is untouched). Works with --lwp off.
+    #[arg(long)]
+    pub profile_kernel: bool,
     /// Write every LWP record the VM stores to this trace file (JSON lines;
     /// read it with `lwpvmm report`).
     #[arg(long)]
@@ -178,6 +184,11 @@ pub struct HostArgs {
     /// `--initramfs` unless given).
     #[arg(long, value_name = "DIR|INITRAMFS")]
     pub sysroot: Option<PathBuf>,
+    /// The guest kernel's symbols, naming the kernel frames of the API's
+    /// whole-guest profiles: its vmlinux, or a copy of its /proc/kallsyms
+    /// (with `run`, the `--kernel` ELF unless given).
+    #[arg(long, value_name = "FILE")]
+    pub kernel_symbols: Option<PathBuf>,
     /// Diff snapshots: track the pages written, and write the snapshots of
     /// --snapshot-dir DIR to DIR/0 (full), DIR/1, DIR/2, ... (each only
     /// the pages written since the one before); with the API,
@@ -268,6 +279,7 @@ impl From<&HostArgs> for HostConfig {
             stop_on_signals: true,
             profiling: Profiling {
                 sample_hz: a.sample_hz,
+                kernel: a.profile_kernel,
                 trace: a.trace.clone(),
                 trace_max: a.trace_max,
                 stacks: !a.no_stacks,
@@ -277,6 +289,8 @@ impl From<&HostArgs> for HostConfig {
                 sock: a.api_sock.clone(),
                 listen: a.api_listen,
                 sysroot: a.sysroot.clone(),
+                kernel_symbols: a.kernel_symbols.clone(),
+                kernel_image: None,
             },
         }
     }
@@ -335,9 +349,20 @@ pub struct ReportArgs {
     #[arg(long)]
     pub sysroot: Option<PathBuf>,
     /// Count only records of this EventId (default: CNH if the trace has
-    /// it, else RNH, else every record).
+    /// it, else RNH, else the whole-guest samples, EventId 0, if it has
+    /// them, else every record).
     #[arg(long)]
     pub event: Option<u8>,
+    /// Count the whole-guest samples (`run --profile-kernel`): kernel and
+    /// process functions by the time the guest spent in them. The same as
+    /// `--event 0`.
+    #[arg(long, conflicts_with = "event")]
+    pub kernel: bool,
+    /// The guest kernel's symbols, for the whole-guest samples' kernel
+    /// frames: its vmlinux (an ELF with a symbol table), or a copy of its
+    /// /proc/kallsyms. Without it kernel frames are addresses.
+    #[arg(long, value_name = "FILE")]
+    pub kernel_symbols: Option<PathBuf>,
     /// How many functions to list.
     #[arg(long, default_value_t = 20)]
     pub top: usize,
@@ -464,9 +489,14 @@ pub enum CliError {
     Report(#[from] ReportError),
     /// `report --event` names no LWP event.
     #[error(
-        "--event {0} is not an LWP EventId: give 1 (LWPVAL), 2 (instructions retired), 3 (branches retired), 4 (data-cache misses), 5 (CPU clocks), 6 (reference clocks) or 255 (LWPINS)"
+        "--event {0} is not an LWP EventId: give 1 (LWPVAL), 2 (instructions retired), 3 (branches retired), 4 (data-cache misses), 5 (CPU clocks), 6 (reference clocks) or 255 (LWPINS), or 0 for the whole-guest samples of --profile-kernel"
     )]
     UnknownEvent(u8),
+    /// `--kernel-symbols` names a file that is neither.
+    #[error(
+        "{0} is neither an ELF with a symbol table (the guest kernel's vmlinux) nor a copy of /proc/kallsyms: give one of those to --kernel-symbols"
+    )]
+    KernelSymbols(PathBuf),
     /// A flamegraph or folded stacks were asked for, with nothing to draw.
     #[error(
         "the trace has no records of {0}: there is no flamegraph, folded stack or profile to write, so nothing was written (choose another --event)"
@@ -540,7 +570,11 @@ fn read(what: &'static str, path: &PathBuf) -> Result<Vec<u8>, CliError> {
 
 /// The host settings of `host`; with the API on, profiles are named from
 /// `--sysroot`, else from the initramfs the guest boots.
-fn api_host(host: &HostArgs, initramfs: Option<&PathBuf>) -> Result<HostConfig, CliError> {
+fn api_host(
+    host: &HostArgs,
+    initramfs: Option<&PathBuf>,
+    kernel: Option<&PathBuf>,
+) -> Result<HostConfig, CliError> {
     let mut config = HostConfig::from(host);
     let api = host.api_sock.is_some() || host.api_listen.is_some();
     if host.sysroot.is_some() && !api {
@@ -548,8 +582,16 @@ fn api_host(host: &HostArgs, initramfs: Option<&PathBuf>) -> Result<HostConfig, 
             "--sysroot names the frames of the control API's profiles: give --api-sock or --api-listen too (for a trace, pass --sysroot to `lwpvmm report`)".into(),
         ));
     }
+    if host.kernel_symbols.is_some() && !api {
+        return Err(CliError::Usage(
+            "--kernel-symbols names the kernel frames of the control API's profiles: give --api-sock or --api-listen too (for a trace, pass --kernel-symbols to `lwpvmm report`)".into(),
+        ));
+    }
     if api && config.api.sysroot.is_none() {
         config.api.sysroot = initramfs.cloned();
+    }
+    if api {
+        config.api.kernel_image = kernel.cloned();
     }
     Ok(config)
 }
@@ -579,7 +621,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
                 program: None,
                 disks: args.disks.clone(),
                 nets: args.nets.clone(),
-                host: api_host(&args.host, args.initramfs.as_ref())?,
+                host: api_host(&args.host, args.initramfs.as_ref(), Some(&args.kernel))?,
             };
             finish(vmm::run(&config)?)
         }
@@ -588,7 +630,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
                 dir: args.dir.clone(),
                 profile: args.lwp.map(Into::into),
                 verify: args.verify,
-                host: api_host(&args.host, None)?,
+                host: api_host(&args.host, None, None)?,
             };
             finish(vmm::restore(&config)?)
         }

@@ -12,7 +12,7 @@ use crate::profile::objects::{Resolver, Symbols};
 use crate::profile::pprof;
 use crate::profile::report::{self, ReportError, Tally};
 use crate::profile::sysroot::Sysroot;
-use crate::profile::trace::{self, Entry, TraceSummary};
+use crate::profile::trace::{self, Entry, GUEST_CPU, TraceSummary};
 
 use super::{CliError, ReportArgs, read};
 
@@ -69,6 +69,7 @@ impl PendingFile {
 /// `lwpvmm report`.
 pub fn report(out: &mut dyn Write, args: &ReportArgs) -> Result<u8, CliError> {
     if let Some(e) = args.event
+        && e != GUEST_CPU
         && EventId::from_u8(e).is_none()
     {
         return Err(CliError::UnknownEvent(e));
@@ -109,6 +110,12 @@ pub fn report(out: &mut dyn Write, args: &ReportArgs) -> Result<u8, CliError> {
             .map(|(path, elf)| (path.display().to_string(), elf)),
         sysroot,
     );
+    if let Some(path) = &args.kernel_symbols {
+        let bytes = read("kernel symbol file", path)?;
+        if !resolver.set_kernel(&path.display().to_string(), &bytes) {
+            return Err(CliError::KernelSymbols(path.clone()));
+        }
+    }
     let terminal = std::io::stderr().is_terminal();
     let (summary, tally) = tally(&args.trace, &mut resolver, |n| {
         if terminal {
@@ -144,7 +151,16 @@ pub fn report(out: &mut dyn Write, args: &ReportArgs) -> Result<u8, CliError> {
             names.join(", ")
         );
     }
-    let event = args.event.or_else(|| tally.default_event());
+    if args.kernel_symbols.is_none() && tally.has_unnamed_kernel_frames() {
+        log::warn!(
+            "the trace has samples of the guest kernel, whose frames are addresses: give --kernel-symbols (the kernel's vmlinux, or a copy of its /proc/kallsyms)"
+        );
+    }
+    let event = args
+        .kernel
+        .then_some(GUEST_CPU)
+        .or(args.event)
+        .or_else(|| tally.default_event());
     let rows = tally.rows(&resolver, event);
     writeln!(
         out,

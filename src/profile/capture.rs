@@ -180,6 +180,8 @@ pub struct Capture {
     pub mappings_dropped: u64,
     /// Sampler kicks charged to sampled contexts during the capture.
     pub kicks: u64,
+    /// It asked for host-side samples of the whole guest while it runs.
+    pub kernel: bool,
 }
 
 impl Capture {
@@ -202,10 +204,11 @@ impl Capture {
             top: r.top,
             stack: r.stack.clone(),
         };
+        let weight = r.weight();
         if let Some(n) = self.counts.get_mut(&key) {
-            *n += 1;
+            *n += weight;
         } else if self.counts.len() < MAX_STACKS {
-            self.counts.insert(key, 1);
+            self.counts.insert(key, weight);
         } else {
             self.dropped += 1;
             return;

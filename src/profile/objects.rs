@@ -84,6 +84,38 @@ impl Symbols {
         })
     }
 
+    /// The text symbols of a `/proc/kallsyms` copy (`ADDRESS TYPE NAME
+    /// [MODULE]` per line): each ends where the next starts, and none is
+    /// known to have a frame (kallsyms has no code). Lines that are not
+    /// symbol lines are skipped; `None` when no line is one.
+    pub fn from_kallsyms(text: &str) -> Option<Self> {
+        let mut f: Vec<(u64, String)> = text
+            .lines()
+            .filter_map(|line| {
+                let mut words = line.split_whitespace();
+                let address = u64::from_str_radix(words.next()?, 16).ok()?;
+                let kind = words.next()?;
+                let name = words.next()?;
+                (matches!(kind, "t" | "T" | "w" | "W") && address != 0)
+                    .then(|| (address, name.to_owned()))
+            })
+            .collect();
+        if f.is_empty() {
+            return None;
+        }
+        f.sort();
+        f.dedup_by_key(|(a, _)| *a);
+        let starts: Vec<u64> = f.iter().map(|s| s.0).skip(1).chain([u64::MAX]).collect();
+        Some(Symbols {
+            prologues: vec![None; f.len()],
+            functions: f
+                .into_iter()
+                .zip(starts)
+                .map(|((a, name), next)| (a, next, name))
+                .collect(),
+        })
+    }
+
     /// Symbols of made-up functions: (start, end, name, has a frame).
     #[cfg(test)]
     pub fn from_functions(functions: &[(u64, u64, &str, bool)]) -> Self {
@@ -208,6 +240,10 @@ pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// Where the kernel half of a 64-bit address space starts (canonical
+/// addresses with bit 47 set).
+pub const KERNEL_HALF: u64 = 0xffff_8000_0000_0000;
+
 /// The most bytes of guest files one resolver reads (one report, or one
 /// profile of the API): past it, further files are refused
 /// ([`Refusal::Budget`]) and their frames stay addresses.
@@ -228,6 +264,9 @@ pub struct Resolver {
     pub objects: Vec<ObjectFile>,
     /// The `--symbols` object: names every address no mapping covers.
     fallback: Option<u32>,
+    /// The guest kernel's object (`--kernel-symbols`): names every address
+    /// in the kernel half of the address space.
+    kernel: Option<u32>,
     sysroot: Option<Arc<Sysroot>>,
     /// Per address space: its mappings and their objects.
     spaces: HashMap<u64, Vec<(MappingLine, u32)>>,
@@ -256,6 +295,42 @@ impl Resolver {
             r.fallback = Some(0);
         }
         r
+    }
+
+    /// Names the guest kernel's addresses (the upper half of the address
+    /// space) from `bytes`: a vmlinux ELF, or a copy of `/proc/kallsyms`.
+    /// False when it is neither.
+    pub fn set_kernel(&mut self, path: &str, bytes: &[u8]) -> bool {
+        let object = if object::File::parse(bytes).is_ok() {
+            ObjectFile::from_elf(path.to_owned(), Some(bytes), String::new())
+        } else {
+            let Some(symbols) = std::str::from_utf8(bytes)
+                .ok()
+                .and_then(Symbols::from_kallsyms)
+            else {
+                return false;
+            };
+            ObjectFile {
+                path: path.to_owned(),
+                symbols: Some(symbols),
+                build_id: String::new(),
+                segments: Vec::new(),
+            }
+        };
+        self.objects.push(object);
+        self.kernel = Some(self.objects.len() as u32 - 1);
+        true
+    }
+
+    /// Whether `address` is the guest kernel's: the upper half of a 64-bit
+    /// address space.
+    pub fn is_kernel(address: u64) -> bool {
+        address >= KERNEL_HALF
+    }
+
+    /// Whether `frame` lies in the guest kernel's object.
+    pub fn in_kernel(&self, frame: Frame) -> bool {
+        self.kernel == Some(frame.object)
     }
 
     /// A resolver naming every address from `symbols` alone.
@@ -344,6 +419,9 @@ impl Resolver {
 
     /// The frame of `address` in the address space `cr3`.
     pub fn frame(&self, cr3: u64, address: u64) -> Frame {
+        if let Some(object) = self.kernel.filter(|_| Self::is_kernel(address)) {
+            return Frame { object, address };
+        }
         let mapped = self.spaces.get(&cr3).and_then(|maps| {
             maps.iter()
                 .rev()
@@ -384,9 +462,16 @@ impl Resolver {
         } else {
             frame.address
         };
-        self.symbols(frame)
+        let name = self
+            .symbols(frame)
             .and_then(|s| s.lookup(at))
-            .map_or_else(|| format!("{:#x}", frame.address), str::to_owned)
+            .map_or_else(|| format!("{:#x}", frame.address), str::to_owned);
+        // Kernel functions marked as perf marks them in flamegraphs.
+        if self.in_kernel(frame) {
+            format!("{name}_[k]")
+        } else {
+            name
+        }
     }
 }
 
@@ -499,6 +584,50 @@ mod tests {
         ];
         for (code, want) in table {
             assert_eq!(prologue(code), want, "{code:x?}");
+        }
+    }
+
+    #[test]
+    fn kallsyms_names_text_symbols_and_skips_the_rest() {
+        let text = "\
+ffffffff81000000 T _text
+ffffffff81000100 t helper
+ffffffff81000200 D some_data
+0000000000000000 A fixed_percpu_data
+not a symbol line
+ffffffff81000300 W weak_one [some_module]
+";
+        let s = Symbols::from_kallsyms(text).expect("symbols");
+        // (address, function)
+        let table = [
+            (0xffff_ffff_8100_0000, Some("_text")),
+            (0xffff_ffff_8100_0150, Some("helper")),
+            // Data is no function: the text symbol before it runs on.
+            (0xffff_ffff_8100_0250, Some("helper")),
+            (0xffff_ffff_8100_0301, Some("weak_one")),
+            (0xffff_ffff_80ff_ffff, None),
+        ];
+        for (address, want) in table {
+            assert_eq!(s.lookup(address), want, "{address:#x}");
+        }
+        assert!(Symbols::from_kallsyms("no symbols here\n").is_none());
+    }
+
+    #[test]
+    fn kernel_addresses_resolve_from_the_kernel_symbols_in_every_space() {
+        let mut r = Resolver::default();
+        assert!(!r.set_kernel("junk", b"\x00\x01 not symbols"));
+        assert!(r.set_kernel("kallsyms", b"ffffffff81000000 T start_kernel\n"));
+        r.mapping(&mapping(0x1000, 0x40_0000, "/bin/x", true));
+        // (address space, address, name): the kernel half is the kernel's
+        // whatever the space; the user half is not.
+        let table = [
+            (0x1000, 0xffff_ffff_8100_0010, "start_kernel_[k]"),
+            (0x2000, 0xffff_ffff_8100_0010, "start_kernel_[k]"),
+            (0x2000, 0x1234, "0x1234"),
+        ];
+        for (cr3, address, want) in table {
+            assert_eq!(r.name(r.frame(cr3, address), false), want);
         }
     }
 }

@@ -18,6 +18,7 @@ use prost::Message;
 
 use super::objects::{Frame, Resolver};
 use super::report::{Tally, event_label};
+use super::trace::GUEST_CPU;
 
 /// profile.proto's `Profile` (the fields lwpvmm fills).
 #[derive(Clone, PartialEq, Message)]
@@ -268,12 +269,19 @@ pub fn profile(tally: &Tally, resolver: &Resolver, timing: Timing, source: &str)
             unit: count,
         });
     }
-    let clock = tally.default_event();
+    // Whole-guest samples are the guest's time; else the sampled clocks.
+    let whole_guest = tally.events().any(|e| e == GUEST_CPU);
+    let clock = if whole_guest {
+        Some(GUEST_CPU)
+    } else {
+        tally.default_event()
+    };
     let clock_records: u64 = clock.map_or(0, |e| tally.stacks(Some(e)).map(|c| c.count).sum());
     let period = (timing.sample_hz > 0).then(|| 1_000_000_000 / i64::from(timing.sample_hz));
     let cpu_slot = match (clock, period) {
         (Some(_), Some(period)) => {
-            let (cpu, nanoseconds) = (b.string("cpu"), b.string("nanoseconds"));
+            let cpu = b.string(if whole_guest { "guest_cpu" } else { "cpu" });
+            let nanoseconds = b.string("nanoseconds");
             let ns = ValueType {
                 r#type: cpu,
                 unit: nanoseconds,
@@ -331,6 +339,8 @@ pub fn profile(tally: &Tally, resolver: &Resolver, timing: Timing, source: &str)
             && Some(c.event) == clock
         {
             value[slot] = match (timing.kicks, clock_records) {
+                // Each whole-guest sample is one kick, one period.
+                _ if whole_guest => n.saturating_mul(period),
                 (Some(kicks), total) if total > 0 => {
                     let share = u128::from(c.count) * u128::from(kicks) * period as u128
                         / u128::from(total);
@@ -349,7 +359,12 @@ pub fn profile(tally: &Tally, resolver: &Resolver, timing: Timing, source: &str)
             }],
         });
     }
-    let comment = b.string(&format!("lwpvmm: LWP records from {source}"));
+    let what = if whole_guest {
+        "whole-guest samples and LWP records"
+    } else {
+        "LWP records"
+    };
+    let comment = b.string(&format!("lwpvmm: {what} from {source}"));
     b.profile.comment.push(comment);
     b.profile.time_nanos = timing.time_nanos;
     b.profile.duration_nanos = timing.duration_nanos;
@@ -491,5 +506,86 @@ mod tests {
         let cpu: i64 = p.sample.iter().map(|x| x.value[2]).sum();
         assert_eq!(cpu, 3_000_000);
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn whole_guest_samples_are_the_profiles_time_and_kernel_frames_are_marked() {
+        let mut resolver = Resolver::default();
+        let kallsyms = "ffffffff81000000 T _text\nffffffff81001000 T read_zero\nffffffff81002000 t clear_user\n";
+        assert!(resolver.set_kernel("kallsyms", kallsyms.as_bytes()));
+        let kernel = |ip, stack: &[u64]| {
+            let mut r = TraceRecord::guest_cpu(0, 0x1000, ip, true, 1, 1_000_000, 0);
+            r.stack = stack.to_vec();
+            r
+        };
+        let mut tally = Tally::default();
+        for r in [
+            kernel(0xffff_ffff_8100_2010, &[0xffff_ffff_8100_1020]),
+            kernel(0xffff_ffff_8100_2010, &[0xffff_ffff_8100_1020]),
+            kernel(0xffff_ffff_8100_2010, &[0xffff_ffff_8100_1020]),
+            // Two periods of guest time since that vCPU's last sample.
+            TraceRecord::guest_cpu(1, 0x2000, 0x40_1000, false, 2, 1_000_000, 0),
+            TraceRecord::stacked(255, 0x2000, 0x8888, &[]),
+        ] {
+            tally.add(&r, &resolver);
+        }
+        let timing = Timing {
+            sample_hz: 1000,
+            ..Timing::default()
+        };
+        let p = profile(&tally, &resolver, timing, "a test");
+        let s = |i: i64| p.string_table[i as usize].as_str();
+        // (type, unit) in order: one count per EventId, then guest time.
+        let types: Vec<(&str, &str)> = p
+            .sample_type
+            .iter()
+            .map(|t| (s(t.r#type), s(t.unit)))
+            .collect();
+        assert_eq!(
+            types,
+            [
+                ("guest_cpu_samples", "count"),
+                ("lwpins", "count"),
+                ("guest_cpu", "nanoseconds")
+            ]
+        );
+        assert_eq!(s(p.default_sample_type), "guest_cpu");
+        assert_eq!(p.period, 1_000_000);
+        // (leaf function, values): three kernel samples, one user sample,
+        // one LWPINS record (no time).
+        let mut got: Vec<(String, Vec<i64>)> = p
+            .sample
+            .iter()
+            .map(|x| {
+                let leaf = &p.location[x.location_id[0] as usize - 1];
+                let name = leaf
+                    .line
+                    .first()
+                    .map(|l| s(p.function[l.function_id as usize - 1].name).to_owned())
+                    .unwrap_or_else(|| format!("{:#x}", leaf.address));
+                (name, x.value.clone())
+            })
+            .collect();
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                ("0x401000".to_owned(), vec![2, 0, 2_000_000]),
+                ("0x8888".to_owned(), vec![0, 1, 0]),
+                ("clear_user".to_owned(), vec![3, 0, 3_000_000]),
+            ]
+        );
+        // pprof names kernel functions plainly: their mapping is the kernel's.
+        let kernel_leaf = p
+            .location
+            .iter()
+            .find(|l| l.address == 0xffff_ffff_8100_2010)
+            .expect("the kernel leaf");
+        let mapping = &p.mapping[kernel_leaf.mapping_id as usize - 1];
+        assert_eq!(s(mapping.filename), "kallsyms");
+        assert_eq!(
+            super::super::report::folded(&tally, &resolver, Some(0)),
+            ["0x401000 2", "read_zero_[k];clear_user_[k] 3"]
+        );
     }
 }

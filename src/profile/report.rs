@@ -11,7 +11,7 @@ use std::io::{self, Write};
 use thiserror::Error;
 
 use super::objects::{Frame, Resolver};
-use super::trace::TraceRecord;
+use super::trace::{GUEST_CPU, TraceRecord};
 use crate::lwp::record::EventId;
 
 /// Why a report cannot be made.
@@ -63,12 +63,13 @@ pub struct Counted<'a> {
 }
 
 impl Tally {
-    /// Counts one record, its addresses resolved by `resolver` as the trace
-    /// stands at this record. A record interrupted in a function without a
-    /// frame gets its caller from the word at the stack pointer
+    /// Counts one record (a whole-guest sample as its periods), its
+    /// addresses resolved by `resolver` as the trace stands at this record.
+    /// A record interrupted in a function without a frame gets its caller
+    /// from the word at the stack pointer
     /// ([`super::objects::Symbols::frameless_caller`]).
     pub fn add(&mut self, record: &TraceRecord, resolver: &Resolver) {
-        self.add_n(record, resolver, 1);
+        self.add_n(record, resolver, record.weight());
     }
 
     /// Counts `n` records like `record` at once (a capture's stacks).
@@ -115,11 +116,24 @@ impl Tally {
     }
 
     /// The EventId a report counts by default: CNH (5) when the trace has
-    /// it, else RNH (6), else every record.
+    /// it, else RNH (6), else the whole-guest samples (0), else every
+    /// record.
     pub fn default_event(&self) -> Option<u8> {
-        [EventId::Cnh as u8, EventId::Rnh as u8]
+        [EventId::Cnh as u8, EventId::Rnh as u8, GUEST_CPU]
             .into_iter()
             .find(|e| self.counts.contains_key(e))
+    }
+
+    /// Whether a frame is a guest-kernel address no object names.
+    pub fn has_unnamed_kernel_frames(&self) -> bool {
+        self.counts
+            .values()
+            .flat_map(BTreeMap::keys)
+            .any(|(_, frames)| {
+                frames
+                    .iter()
+                    .any(|f| f.object == Frame::RAW && Resolver::is_kernel(f.address))
+            })
     }
 
     /// Records of `event` (or all) per function, most first; ties by name.
@@ -145,6 +159,9 @@ impl Tally {
 
 /// A short name of what records of `event` count: a pprof sample type.
 pub fn event_label(event: u8) -> String {
+    if event == GUEST_CPU {
+        return "guest_cpu_samples".into();
+    }
     match EventId::from_u8(event) {
         Some(EventId::Val) => "lwpval".into(),
         Some(EventId::Ire) => "instructions".into(),
@@ -160,6 +177,9 @@ pub fn event_label(event: u8) -> String {
 /// What a report counts, in words.
 pub fn event_name(event: Option<u8>) -> String {
     match event.map(|e| (e, EventId::from_u8(e))) {
+        Some((GUEST_CPU, _)) => {
+            "host samples of the whole guest, kernel and processes (--profile-kernel)".to_owned()
+        }
         Some((e, Some(EventId::Val))) => format!("EventId {e} (LWPVAL samples)"),
         Some((e, Some(EventId::Ire))) => format!("EventId {e} (instructions retired)"),
         Some((e, Some(EventId::Bre))) => format!("EventId {e} (branches retired)"),

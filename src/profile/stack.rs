@@ -1,6 +1,8 @@
-//! Call stacks of an interrupted CPL3 context, unwound by frame pointers
-//! through [`UserMemory`]: each read is a CPL3 load through the guest's
-//! page tables, as the guard checks every access lwpvmm makes for a guest.
+//! Call stacks of an interrupted context, unwound by frame pointers through
+//! [`StackMemory`]: for a process, each read is a CPL3 load through the
+//! guest's page tables ([`UserMemory`]), as the guard checks every access
+//! lwpvmm makes for a guest; for the guest kernel (a whole-guest sample), a
+//! supervisor load through the same walk.
 //!
 //! The stack is context for the host-side trace only; nothing is written to
 //! guest memory. Its contents are the guest's, so the walk is bounded in
@@ -45,8 +47,20 @@ pub struct Unwound {
     pub top: Option<u64>,
 }
 
+/// Where a stack is read from.
+pub trait StackMemory {
+    /// Reads `buf.len()` bytes at `address`; false when that faults.
+    fn read_stack(&mut self, address: u64, buf: &mut [u8]) -> bool;
+}
+
+impl<T: UserMemory + ?Sized> StackMemory for T {
+    fn read_stack(&mut self, address: u64, buf: &mut [u8]) -> bool {
+        self.read_user(address, buf).is_ok()
+    }
+}
+
 /// Unwinds the stack from `start`.
-pub fn unwind(mem: &mut dyn UserMemory, start: UnwindStart) -> Unwound {
+pub fn unwind(mem: &mut dyn StackMemory, start: UnwindStart) -> Unwound {
     let (slot, mask) = if start.long_mode {
         (8u64, u64::MAX)
     } else {
@@ -55,9 +69,8 @@ pub fn unwind(mem: &mut dyn UserMemory, start: UnwindStart) -> Unwound {
     let (mut fp, sp) = (start.fp & mask, start.sp & mask);
     let mut top = [0u8; 8];
     let top = mem
-        .read_user(sp, &mut top[..slot as usize])
-        .ok()
-        .map(|()| u64::from_le_bytes(top));
+        .read_stack(sp, &mut top[..slot as usize])
+        .then(|| u64::from_le_bytes(top));
     let mut below = sp;
     let mut stack = Vec::new();
     while stack.len() < MAX_FRAMES {
@@ -73,7 +86,7 @@ pub fn unwind(mem: &mut dyn UserMemory, start: UnwindStart) -> Unwound {
         }
         let mut pair = [0u8; 16];
         let pair = &mut pair[..2 * slot as usize];
-        if mem.read_user(fp, pair).is_err() {
+        if !mem.read_stack(fp, pair) {
             break;
         }
         let word = |b: &[u8]| {

@@ -1,5 +1,7 @@
 //! The host-side trace: every record an emulated LWP unit stores, with the
-//! vCPU and the address space (CR3) it was stored for, as JSON lines.
+//! vCPU and the address space (CR3) it was stored for, as JSON lines; and
+//! with `--profile-kernel`, the host's own samples of the whole guest
+//! (EventId [`GUEST_CPU`]), which are never LWP records.
 //!
 //! JSON lines because a trace is appended to while the VM runs, read by
 //! people with standard tools (`jq`, `grep`) as often as by `lwpvmm report`,
@@ -18,8 +20,16 @@ use thiserror::Error;
 use crate::lwp::record::EventRecord;
 
 /// The trace format version: 2 added the line that ends a trace at its
-/// size limit, 3 the call stack of a record.
-pub const TRACE_VERSION: u32 = 3;
+/// size limit, 3 the call stack of a record, 4 the host's samples of the
+/// whole guest ([`GUEST_CPU`], `kernel`).
+pub const TRACE_VERSION: u32 = 4;
+
+/// The EventId of a host-side sample of the whole guest (`--profile-kernel`):
+/// 0, which LWP reserves and never stores. Such a line is what the sampler's
+/// kick found: the vCPU's RIP (`ip`), its stack, whether it ran the kernel
+/// (`kernel`), and the guest time it stands for: `data1` sampling periods
+/// of `data2` nanoseconds each. The guest's LWP state is not involved.
+pub const GUEST_CPU: u8 = 0;
 
 /// The first line of a trace.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -62,9 +72,23 @@ pub struct TraceRecord {
     /// when the interrupted function has no frame of its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top: Option<u64>,
+    /// A host-side sample ([`GUEST_CPU`]) taken at CPL0: `ip` and `stack`
+    /// are the guest kernel's.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub kernel: bool,
 }
 
 impl TraceRecord {
+    /// How many samples this line counts as: a whole-guest sample's
+    /// periods (at least one), one for an LWP record.
+    pub fn weight(&self) -> u64 {
+        if self.event == GUEST_CPU {
+            u64::from(self.data1.max(1))
+        } else {
+            1
+        }
+    }
+
     /// The trace line of `record`.
     pub fn new(vcpu: u8, cr3: u64, record: &EventRecord) -> Self {
         TraceRecord {
@@ -79,6 +103,35 @@ impl TraceRecord {
             timestamp: record.timestamp,
             stack: Vec::new(),
             top: None,
+            kernel: false,
+        }
+    }
+
+    /// A host-side sample of vCPU `vcpu` in address space `cr3` at `ip`, in
+    /// the kernel when `kernel`, standing for `periods` sampling periods of
+    /// `period_ns` of guest time, at guest TSC `timestamp`.
+    pub fn guest_cpu(
+        vcpu: u8,
+        cr3: u64,
+        ip: u64,
+        kernel: bool,
+        periods: u32,
+        period_ns: u64,
+        timestamp: u64,
+    ) -> Self {
+        TraceRecord {
+            vcpu,
+            cr3,
+            event: GUEST_CPU,
+            core: vcpu,
+            flags: 0,
+            data1: periods,
+            data2: period_ns,
+            ip,
+            timestamp,
+            stack: Vec::new(),
+            top: None,
+            kernel,
         }
     }
 
@@ -98,6 +151,7 @@ impl TraceRecord {
             timestamp: 0,
             stack: stack.to_vec(),
             top: None,
+            kernel: false,
         }
     }
 }
@@ -275,7 +329,7 @@ const HEADER_MAX: u64 = 4096;
 
 /// Trace format versions this lwpvmm reads: version 1 had no limit line,
 /// versions 1 and 2 no stacks.
-const READABLE_VERSIONS: [u32; 3] = [1, 2, TRACE_VERSION];
+const READABLE_VERSIONS: [u32; 4] = [1, 2, 3, TRACE_VERSION];
 
 /// Reads a trace line by line, handing each record to `f`, without holding
 /// more than one line; `progress` is called every 100 000 lines.
@@ -486,5 +540,21 @@ mod tests {
             }
         }
         std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn a_whole_guest_sample_is_a_line_of_its_own_kind() {
+        let mut r =
+            TraceRecord::guest_cpu(1, 0x5000, 0xffff_ffff_8100_0010, true, 2, 1_000_000, 77);
+        r.stack = vec![0xffff_ffff_8100_0200];
+        let line = serde_json::to_string(&r).unwrap();
+        assert!(
+            line.contains(r#""event":0"#) && line.contains(r#""kernel":true"#),
+            "{line}"
+        );
+        assert_eq!(serde_json::from_str::<TraceRecord>(&line).unwrap(), r);
+        // An LWP record's line does not grow a kernel field.
+        let lwp = TraceRecord::stacked(5, 0x5000, 0x40_0000, &[]);
+        assert!(!serde_json::to_string(&lwp).unwrap().contains("kernel"));
     }
 }

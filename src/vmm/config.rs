@@ -114,8 +114,12 @@ impl Default for HostConfig {
 #[derive(Debug, Clone)]
 pub struct Profiling {
     /// Sampling kicks per second and vCPU (0: no sampler). The sampler runs
-    /// only when the profile has CNH or RNH.
+    /// only when the profile has CNH or RNH, or with `kernel`.
     pub sample_hz: u32,
+    /// Kick every vCPU at `sample_hz` and store a host-side sample of what
+    /// each kick found, kernel or process (`--profile-kernel`): a profile of
+    /// the whole guest, with or without LWP.
+    pub kernel: bool,
     /// Write every stored LWP record to this trace file.
     pub trace: Option<PathBuf>,
     /// The trace's size limit in bytes: records past it are counted in the
@@ -133,6 +137,7 @@ impl Default for Profiling {
     fn default() -> Self {
         Profiling {
             sample_hz: 0,
+            kernel: false,
             trace: None,
             trace_max: DEFAULT_TRACE_MAX,
             stacks: true,

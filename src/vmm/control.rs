@@ -317,7 +317,8 @@ impl Control {
                 log::warn!("SIGUSR2 takes a snapshot into --snapshot-dir: this run has none");
             }
             if seen.samples > 0 && !paused {
-                self.vcpus.iter().for_each(VcpuHandle::kick_sample);
+                let every = self.shared.recorder.whole_guest();
+                self.vcpus.iter().for_each(|h| h.kick_sample(every));
             }
             if !seen.snapshot.is_empty()
                 && let Some((dir, kind)) = self.next_planned()

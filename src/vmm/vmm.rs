@@ -71,6 +71,7 @@ impl Vmm {
             host.api.sock.is_some() || host.api.listen.is_some(),
             host.profiling.sample_hz,
         ));
+        recorder.set_whole_guest(host.profiling.kernel);
         if recorder.keeps_records() {
             let stacks = host.profiling.stacks;
             vcpus.iter_mut().for_each(|v| v.trace_records(stacks));
@@ -134,11 +135,13 @@ impl Vmm {
                 what: "SIGINT, SIGTERM and SIGHUP",
                 source,
             })?;
-        let sampled = self
-            .spec
-            .profile
-            .caps()
-            .is_some_and(|c| c.supported.intersects(LwpFeatures::CNH | LwpFeatures::RNH));
+        // Sampled clocks need the sampler; so does a whole-guest profile.
+        let sampled = self.host.profiling.kernel
+            || self
+                .spec
+                .profile
+                .caps()
+                .is_some_and(|c| c.supported.intersects(LwpFeatures::CNH | LwpFeatures::RNH));
         let sample_hz = sampled.then_some(self.host.profiling.sample_hz);
         if !sampled {
             self.shared.recorder.note_sample_hz(0);

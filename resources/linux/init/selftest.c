@@ -374,6 +374,34 @@ static void profile_programs(const char *seconds, char **envp)
 	power_off();
 }
 
+/*
+ * wholeprof=SECONDS: /spin-kernel (in the kernel's read path, on CPU 0) and
+ * /spin-user (in its own code, on CPU 1) for SECONDS seconds, then power
+ * off: what lwpvmm's whole-guest profile test samples. Neither uses LWP.
+ */
+static void whole_guest_programs(const char *seconds, char **envp)
+{
+	static const char *const names[] = { "/spin-kernel", "/spin-user" };
+	pid_t pids[2];
+	int i, status, ok = 1;
+
+	printf("whole-prof: running /spin-kernel and /spin-user for %s s\n", seconds);
+	for (i = 0; i < 2; i++) {
+		char *args[] = { (char *)names[i], (char *)seconds, 0 };
+
+		pids[i] = fork();
+		if (pids[i] == 0) {
+			execve(names[i], args, envp);
+			printf("cannot run %s\n", names[i]);
+			exit(127);
+		}
+	}
+	for (i = 0; i < 2; i++)
+		ok &= pids[i] > 0 && waitpid(pids[i], &status, 0) == pids[i] && status == 0;
+	printf("whole-prof: %s\n", ok ? "done" : "FAILED");
+	power_off();
+}
+
 /* Runs /NAME with `value` as its argument, then powers off. */
 static void device_program(const char *name, const char *value, char **envp)
 {
@@ -411,6 +439,8 @@ int main(int argc, char **argv, char **envp)
 	}
 	if (env_value(envp, "lwpprof"))
 		profile_programs(env_value(envp, "lwpprof"), envp);
+	if (env_value(envp, "wholeprof"))
+		whole_guest_programs(env_value(envp, "wholeprof"), envp);
 	if (env_value(envp, "lwpdisk"))
 		device_program("/lwp-disk", env_value(envp, "lwpdisk"), envp);
 	if (env_value(envp, "lwpnet"))

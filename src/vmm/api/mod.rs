@@ -28,7 +28,7 @@ use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
 use thiserror::Error;
 
 use self::http::{Response, parse_request};
-use self::routes::{Answer, Context, Origin, finish_profile, route};
+use self::routes::{Answer, Context, KernelSymbols, Origin, finish_profile, route};
 use crate::guest_warn;
 use crate::profile::sysroot::{Sysroot, SysrootError};
 use crate::vmm::base::recorder::CaptureId;
@@ -64,6 +64,14 @@ pub enum ApiError {
         /// Why.
         source: io::Error,
     },
+    /// `--kernel-symbols` could not be used.
+    #[error("--kernel-symbols {}: {reason}", path.display())]
+    KernelSymbols {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
     /// The sysroot could not be opened.
     #[error("--sysroot: {0}")]
     Sysroot(#[from] SysrootError),
@@ -82,6 +90,47 @@ pub struct ApiConfig {
     /// The guest's files (a directory, or the initramfs it booted), which
     /// name the frames of the profiles the API returns.
     pub sysroot: Option<PathBuf>,
+    /// The guest kernel's symbols (a vmlinux or a /proc/kallsyms copy),
+    /// naming the kernel frames of whole-guest profiles; an error when it is
+    /// neither.
+    pub kernel_symbols: Option<PathBuf>,
+    /// The kernel the VM booted: its symbols, when it is an ELF that has
+    /// them, name kernel frames unless `kernel_symbols` is given.
+    pub kernel_image: Option<PathBuf>,
+}
+
+/// The most bytes of a kernel symbol file the API reads.
+pub const KERNEL_SYMBOLS_MAX: u64 = 1 << 30;
+
+/// Reads a kernel symbol file the user named: a regular file (opened
+/// without blocking, so a FIFO or device is refused at once), at most
+/// [`KERNEL_SYMBOLS_MAX`] bytes, that names kernel functions.
+fn read_kernel_symbols(path: &std::path::Path) -> Result<KernelSymbols, String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::File::options()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| e.to_string())?;
+    let meta = file.metadata().map_err(|e| e.to_string())?;
+    if !meta.is_file() {
+        return Err("not a regular file".into());
+    }
+    if meta.len() > KERNEL_SYMBOLS_MAX {
+        return Err(format!("larger than {KERNEL_SYMBOLS_MAX} bytes"));
+    }
+    let mut bytes = Vec::new();
+    file.take(KERNEL_SYMBOLS_MAX)
+        .read_to_end(&mut bytes)
+        .map_err(|e| e.to_string())?;
+    let name = path.display().to_string();
+    if !crate::profile::objects::Resolver::default().set_kernel(&name, &bytes) {
+        return Err(
+            "neither an ELF with a symbol table (a vmlinux) nor a copy of /proc/kallsyms".into(),
+        );
+    }
+    Ok((name, Arc::new(bytes)))
 }
 
 /// The socket file, removed when the API goes.
@@ -102,6 +151,7 @@ pub struct ApiListeners {
     tcp: Option<TcpListener>,
     file: Option<SocketFile>,
     sysroot: Option<Arc<Sysroot>>,
+    kernel: Option<KernelSymbols>,
 }
 
 impl ApiListeners {
@@ -126,11 +176,33 @@ impl ApiListeners {
             .map(Sysroot::open)
             .transpose()?
             .map(Arc::new);
+        let kernel = match (&config.kernel_symbols, &config.kernel_image) {
+            (Some(path), _) => {
+                Some(
+                    read_kernel_symbols(path).map_err(|reason| ApiError::KernelSymbols {
+                        path: path.clone(),
+                        reason,
+                    })?,
+                )
+            }
+            (None, Some(image)) => match read_kernel_symbols(image) {
+                Ok(k) => Some(k),
+                Err(why) => {
+                    log::info!(
+                        "{} gives no kernel symbols ({why}): kernel frames of whole-guest profiles are addresses unless --kernel-symbols names the kernel's vmlinux",
+                        image.display()
+                    );
+                    None
+                }
+            },
+            (None, None) => None,
+        };
         Ok(Some(ApiListeners {
             unix,
             tcp,
             file,
             sysroot,
+            kernel,
         }))
     }
 
@@ -161,6 +233,7 @@ impl ApiListeners {
         let mut cx = Context {
             vm,
             sysroot: self.sysroot.clone(),
+            kernel: self.kernel.clone(),
             started: None,
             origin: Origin::Unix,
         };

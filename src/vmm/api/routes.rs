@@ -33,11 +33,16 @@ pub struct Context<'a> {
     pub vm: &'a VmmHandle,
     /// `--sysroot`, when given.
     pub sysroot: Option<Arc<Sysroot>>,
+    /// The guest kernel's symbols, when known.
+    pub kernel: Option<KernelSymbols>,
     /// The started capture, until `PUT /capture/stop`.
     pub started: Option<CaptureId>,
     /// Where the request being answered came from.
     pub origin: Origin,
 }
+
+/// The guest kernel's symbol file, read once: its path and bytes.
+pub type KernelSymbols = (String, Arc<Vec<u8>>);
 
 /// What a request gets.
 #[derive(Debug, PartialEq, Eq)]
@@ -403,7 +408,11 @@ struct CaptureConfig {
     sample_hz: Option<u32>,
     events: Option<Vec<u8>>,
     trace: Option<bool>,
+    kernel: Option<bool>,
 }
+
+/// Why whole-guest samples cannot be had: the VM has no sampler.
+const NO_SAMPLER_FOR_KERNEL: &str = "whole-guest samples need the sampler: this VM has none (start it with --profile-kernel, or with a profile that has CNH or RNH, and a --sample-hz above 0)";
 
 /// The sampler's highest rate through the API (as `--sample-hz` allows).
 pub const MAX_SAMPLE_HZ: u32 = 100_000;
@@ -411,7 +420,7 @@ pub const MAX_SAMPLE_HZ: u32 = 100_000;
 fn capture_config(request: &Request, cx: &mut Context<'_>) -> Response {
     let config: CaptureConfig = match body(
         request,
-        r#"{"sample_hz": 1000, "events": [5, 255], "trace": true}"#,
+        r#"{"sample_hz": 1000, "events": [5, 255], "trace": true, "kernel": true}"#,
     ) {
         Ok(c) => c,
         Err(r) => return r,
@@ -437,10 +446,19 @@ fn capture_config(request: &Request, cx: &mut Context<'_>) -> Response {
             "this VM writes no trace (start it with --trace PATH to have one)",
         );
     }
+    if config.kernel == Some(true)
+        && r.sample_hz() == 0
+        && config.sample_hz.is_none_or(|hz| hz == 0)
+    {
+        return Response::fault(409, NO_SAMPLER_FOR_KERNEL);
+    }
     if let Some(hz) = config.sample_hz
         && let Err(e) = cx.vm.set_sample_hz(hz)
     {
         return vm_error(e);
+    }
+    if let Some(on) = config.kernel {
+        r.set_whole_guest(on);
     }
     if let Some(events) = &config.events {
         r.set_events(events);
@@ -477,17 +495,27 @@ fn capture_stop(_: &Request, cx: &mut Context<'_>) -> Response {
         .take()
         .and_then(|id| cx.vm.recorder().finish_capture(id));
     match capture {
-        Some(c) => profile_response(c, cx.sysroot.clone(), cx.vm.recorder().sample_hz()),
+        Some(c) => profile_response(c, cx),
         None => Response::fault(409, "no capture is running: PUT /capture/start begins one"),
     }
 }
 
-/// The seconds a pprof request asks for, from its query.
-fn profile_seconds(query: Option<&str>) -> Result<u64, String> {
+/// The seconds a pprof request asks for, and whether it asks for the whole
+/// guest (`kernel=1`), from its query.
+fn profile_query(query: Option<&str>) -> Result<(u64, bool), String> {
     let mut seconds = DEFAULT_PROFILE_SECONDS;
+    let mut kernel = false;
     for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        if key == "seconds" {
+        if key == "kernel" {
+            kernel = match value {
+                "1" | "true" => true,
+                "0" | "false" => false,
+                other => {
+                    return Err(format!("kernel={} is not 1 or 0", printable(other)));
+                }
+            };
+        } else if key == "seconds" {
             seconds = value
                 .parse()
                 .ok()
@@ -500,19 +528,22 @@ fn profile_seconds(query: Option<&str>) -> Result<u64, String> {
                 })?;
         }
     }
-    Ok(seconds)
+    Ok((seconds, kernel))
 }
 
 fn pprof_profile(request: &Request, cx: &mut Context<'_>) -> Answer {
-    let seconds = match profile_seconds(request.query.as_deref()) {
-        Ok(s) => s,
+    let (seconds, kernel) = match profile_query(request.query.as_deref()) {
+        Ok(q) => q,
         Err(why) => return Response::fault(400, &why).into(),
     };
+    if kernel && cx.vm.recorder().sample_hz() == 0 {
+        return Response::fault(409, NO_SAMPLER_FOR_KERNEL).into();
+    }
     let owner = match cx.origin {
         Origin::Unix => CaptureOwner::Owner,
         Origin::Tcp => CaptureOwner::Tcp,
     };
-    match cx.vm.recorder().start_capture(owner) {
+    match cx.vm.recorder().start_capture_with(owner, kernel) {
         Ok(id) => Answer::Profile {
             id,
             due: Instant::now() + Duration::from_secs(seconds),
@@ -525,15 +556,19 @@ fn pprof_profile(request: &Request, cx: &mut Context<'_>) -> Answer {
 /// ended).
 pub fn finish_profile(id: CaptureId, cx: &Context<'_>) -> Response {
     match cx.vm.recorder().finish_capture(id) {
-        Some(c) => profile_response(c, cx.sysroot.clone(), cx.vm.recorder().sample_hz()),
+        Some(c) => profile_response(c, cx),
         None => Response::fault(500, "the capture was lost"),
     }
 }
 
 /// A capture as a gzipped pprof profile, its frames named from `sysroot`,
 /// its clock samples timed at `sample_hz`.
-fn profile_response(capture: Capture, sysroot: Option<Arc<Sysroot>>, sample_hz: u32) -> Response {
-    let profile = capture.profile(Resolver::new(None, sysroot), sample_hz);
+fn profile_response(capture: Capture, cx: &Context<'_>) -> Response {
+    let mut resolver = Resolver::new(None, cx.sysroot.clone());
+    if let Some((path, bytes)) = &cx.kernel {
+        resolver.set_kernel(path, bytes);
+    }
+    let profile = capture.profile(resolver, cx.vm.recorder().sample_hz());
     let mut body = Vec::new();
     match pprof::write(&profile, &mut body) {
         Ok(()) => Response::ok("application/octet-stream", body),
@@ -609,6 +644,7 @@ mod tests {
         Context {
             vm,
             sysroot: None,
+            kernel: None,
             started: None,
             origin: Origin::Unix,
         }
@@ -891,6 +927,9 @@ mod tests {
             (Some("seconds=-1"), Err(400)),
             (Some("seconds=5x"), Err(400)),
             (Some("seconds"), Err(400)),
+            (Some("seconds=2&kernel=1"), Ok(2)),
+            (Some("kernel=0"), Ok(DEFAULT_PROFILE_SECONDS)),
+            (Some("kernel=yes"), Err(400)),
         ];
         let vm = vm();
         for &(query, want) in table {
@@ -906,7 +945,12 @@ mod tests {
                 (Answer::Profile { id, due }, Ok(seconds)) => {
                     let asked = due.duration_since(before).as_secs_f64();
                     assert!((asked - seconds as f64).abs() < 1.0, "{query:?}: {asked}");
+                    // kernel=1 has the sampler take whole-guest samples
+                    // while its capture runs, and only then.
+                    let kernel = query.is_some_and(|q| q.contains("kernel=1"));
+                    assert_eq!(vm.recorder().whole_guest(), kernel, "{query:?}");
                     let done = finish_profile(id, &cx);
+                    assert!(!vm.recorder().whole_guest(), "{query:?}");
                     assert_eq!(done.status, 200, "{query:?}");
                     let profile = pprof::read(&done.body).expect("a gzipped profile");
                     assert!(profile.string_table.iter().any(|s| s.contains("lwpvmm")));

@@ -126,6 +126,11 @@ counters! {
     sampler_kicks,
     /// Samples charged to CNH/RNH (CPL3, in the LWPCB's address space).
     samples_charged,
+    /// Host-side samples of the whole guest taken in its kernel
+    /// (`--profile-kernel`).
+    guest_kernel_samples,
+    /// Host-side samples of the whole guest taken in its processes.
+    guest_user_samples,
     /// Nanoseconds vCPU threads spent on sampling kicks between KVM_RUN's
     /// return and the next entry: the charge, the stack, the trace.
     sampler_ns,

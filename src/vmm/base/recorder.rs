@@ -52,6 +52,11 @@ pub struct Recorder {
     next_id: AtomicU64,
     mappings: Option<Mutex<MappingTable>>,
     sample_hz: AtomicU32,
+    /// The sampler kicks every vCPU and each kick stores a host-side sample
+    /// of the whole guest (`--profile-kernel`).
+    whole_guest: AtomicBool,
+    /// Running captures that asked for whole-guest samples.
+    kernel_captures: AtomicU32,
 }
 
 /// Who asked for a capture.
@@ -85,6 +90,8 @@ impl Recorder {
             next_id: AtomicU64::new(1),
             mappings: captures.then(Mutex::default),
             sample_hz: AtomicU32::new(sample_hz),
+            whole_guest: AtomicBool::new(false),
+            kernel_captures: AtomicU32::new(0),
         };
         r.set_events(&EVENT_IDS);
         r
@@ -147,6 +154,17 @@ impl Recorder {
         self.sample_hz.store(hz, Ordering::Relaxed);
     }
 
+    /// Whether the sampler takes host-side samples of the whole guest: set
+    /// for the VM, or asked for by a running capture.
+    pub fn whole_guest(&self) -> bool {
+        self.whole_guest.load(Ordering::Relaxed) || self.kernel_captures.load(Ordering::Relaxed) > 0
+    }
+
+    /// Starts or stops host-side samples of the whole guest.
+    pub fn set_whole_guest(&self, on: bool) {
+        self.whole_guest.store(on, Ordering::Relaxed);
+    }
+
     /// Takes records a unit stored, already filtered by [`Self::wants`].
     pub fn records(&self, lines: &[TraceRecord]) -> Written {
         let mut written = Written::default();
@@ -204,10 +222,21 @@ impl Recorder {
     /// Starts a capture for `owner`. TCP clients hold at most
     /// [`MAX_TCP_CAPTURES`], and never the last free slot.
     pub fn start_capture(&self, owner: CaptureOwner) -> Result<CaptureId, CaptureError> {
+        self.start_capture_with(owner, false)
+    }
+
+    /// Starts a capture for `owner` that, with `kernel`, has the sampler
+    /// take whole-guest samples while it runs.
+    pub fn start_capture_with(
+        &self,
+        owner: CaptureOwner,
+        kernel: bool,
+    ) -> Result<CaptureId, CaptureError> {
         let Some(table) = &self.mappings else {
             return Err(CaptureError::Off);
         };
-        let capture = Capture::new(&*table.lock().map_err(|_| CaptureError::Off)?);
+        let mut capture = Capture::new(&*table.lock().map_err(|_| CaptureError::Off)?);
+        capture.kernel = kernel;
         let mut captures = self.captures.lock().map_err(|_| CaptureError::Off)?;
         let tcp = captures
             .iter()
@@ -224,6 +253,9 @@ impl Recorder {
             return Err(CaptureError::Busy);
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        if kernel {
+            self.kernel_captures.fetch_add(1, Ordering::Relaxed);
+        }
         captures.push((id, owner, capture));
         self.capturing.store(true, Ordering::Relaxed);
         Ok(id)
@@ -236,6 +268,9 @@ impl Recorder {
         let (_, _, capture) = captures.swap_remove(at);
         self.capturing
             .store(!captures.is_empty(), Ordering::Relaxed);
+        if capture.kernel {
+            self.kernel_captures.fetch_sub(1, Ordering::Relaxed);
+        }
         Some(capture)
     }
 

@@ -8,7 +8,8 @@
 //!   state), `protocol` (what the thread and the VMM say), `ops` (the vCPU
 //!   behind a trait, real or fake), `privilege`, `context` (what a handler
 //!   works with);
-//! - handlers: `inject`, `stepper`, `doorbell`, `lwp`, `state_call`, then
+//! - handlers: `inject`, `stepper`, `doorbell`, `lwp`, `state_call`,
+//!   `host_sample` (whole-guest samples at a kick), then
 //!   `exit`, which dispatches to them;
 //! - the thread: `run_state` (its table of states), `thread`; in tests,
 //!   `cued` (a vCPU that exits on cue) and `thread_tests` above them.
@@ -23,6 +24,7 @@ pub(crate) mod cued;
 mod doorbell;
 mod exit;
 pub mod guest_paging;
+mod host_sample;
 mod inject;
 mod lwp;
 pub mod lwp_insn;

@@ -18,6 +18,7 @@ use vmm_sys_util::signal::{Killable, SIGRTMIN};
 
 use super::context::ExitCx;
 use super::exit::{Devices, ExitAction, act, handle_exit};
+use super::host_sample;
 use super::lwp;
 use super::lwp_state::VcpuLwp;
 use super::ops::{KvmVcpu, VcpuRun};
@@ -107,6 +108,8 @@ pub struct Vcpu<V = KvmVcpu> {
     lwp: VcpuLwp,
     cpuid: Vec<CpuidEntry>,
     clock: SampleClock,
+    /// The guest TSC at this vCPU's last whole-guest sample.
+    last_guest_sample: Option<u64>,
     metrics: Arc<VcpuMetrics>,
 }
 
@@ -143,6 +146,7 @@ impl<V: VcpuRun + 'static> Vcpu<V> {
                 tsc_khz,
                 last: None,
             },
+            last_guest_sample: None,
             metrics: Arc::new(VcpuMetrics::default()),
         }
     }
@@ -279,6 +283,19 @@ impl<V: VcpuRun + 'static> Vcpu<V> {
                         sampled = Some(Instant::now());
                         let cycles = self.clock.cycles(cx.vcpu.guest_tsc());
                         lwp::sample(&mut cx, cycles);
+                        if cx.recorder.whole_guest() {
+                            // The guest time since this vCPU's last sample:
+                            // kicks a busy host delays or merges still count.
+                            let tsc = cx.vcpu.guest_tsc();
+                            let khz = u64::from(self.clock.tsc_khz);
+                            let elapsed_ns = match self.last_guest_sample.replace(tsc) {
+                                Some(before) if khz > 0 => {
+                                    tsc.saturating_sub(before).saturating_mul(1_000_000) / khz
+                                }
+                                _ => 0,
+                            };
+                            host_sample::take(&mut cx, elapsed_ns);
+                        }
                     }
                 }
                 VcpuStep::Continue => {}
@@ -446,10 +463,11 @@ impl VcpuHandle {
         self.responses.recv().ok()
     }
 
-    /// Asks for a sampling charge at once, if the vCPU has a clock event
-    /// armed; a vCPU without one is left running.
-    pub fn kick_sample(&self) {
-        if self.clock_armed.load(Ordering::Acquire) {
+    /// Asks for a sample at once, if the vCPU has a clock event armed or
+    /// `every` vCPU is sampled (a whole-guest profile); any other vCPU is
+    /// left running.
+    pub fn kick_sample(&self, every: bool) {
+        if every || self.clock_armed.load(Ordering::Acquire) {
             self.sample_due.store(true, Ordering::Release);
             self.kick();
         }

@@ -221,7 +221,8 @@ fn a_kick_leaves_a_running_vcpu_running() {
     let (h, cues, _) = start(&shared);
     for _ in 0..100 {
         h.kick();
-        h.kick_sample();
+        h.kick_sample(false);
+        h.kick_sample(true);
     }
     taken(&cues, Cue::Out(POST_PORT, vec![1]));
     assert!(matches!(
