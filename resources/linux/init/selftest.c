@@ -348,44 +348,17 @@ static int load_module(void)
 	return ret == 0;
 }
 
-/* The control API's profile test: /lwp-hot and /lwp-warm, two processes
- * sampling CNH side by side for `seconds` (each says when its loop runs),
- * then power-off. */
-static void profile_programs(const char *seconds, char **envp)
-{
-	static const char *const names[] = { "/lwp-hot", "/lwp-warm" };
-	pid_t pids[2];
-	int i, status, ok = 1;
-
-	printf("lwp-prof: running /lwp-hot and /lwp-warm for %s s\n", seconds);
-	for (i = 0; i < 2; i++) {
-		char *args[] = { (char *)names[i], (char *)seconds, 0 };
-
-		pids[i] = fork();
-		if (pids[i] == 0) {
-			execve(names[i], args, envp);
-			printf("cannot run %s\n", names[i]);
-			exit(127);
-		}
-	}
-	for (i = 0; i < 2; i++)
-		ok &= pids[i] > 0 && waitpid(pids[i], &status, 0) == pids[i] && status == 0;
-	printf("lwp-prof: %s\n", ok ? "done" : "FAILED");
-	power_off();
-}
-
 /*
- * wholeprof=SECONDS: /spin-kernel (in the kernel's read path, on CPU 0) and
- * /spin-user (in its own code, on CPU 1) for SECONDS seconds, then power
- * off: what lwpvmm's whole-guest profile test samples. Neither uses LWP.
+ * Runs /NAMES[0] and /NAMES[1] side by side with SECONDS as their argument,
+ * then powers off, saying "TAG: done" or "TAG: FAILED" first.
  */
-static void whole_guest_programs(const char *seconds, char **envp)
+static void two_programs(const char *tag, const char *const names[2], const char *seconds,
+			 char **envp)
 {
-	static const char *const names[] = { "/spin-kernel", "/spin-user" };
 	pid_t pids[2];
 	int i, status, ok = 1;
 
-	printf("whole-prof: running /spin-kernel and /spin-user for %s s\n", seconds);
+	printf("%s: running %s and %s for %s s\n", tag, names[0], names[1], seconds);
 	for (i = 0; i < 2; i++) {
 		char *args[] = { (char *)names[i], (char *)seconds, 0 };
 
@@ -398,7 +371,7 @@ static void whole_guest_programs(const char *seconds, char **envp)
 	}
 	for (i = 0; i < 2; i++)
 		ok &= pids[i] > 0 && waitpid(pids[i], &status, 0) == pids[i] && status == 0;
-	printf("whole-prof: %s\n", ok ? "done" : "FAILED");
+	printf("%s: %s\n", tag, ok ? "done" : "FAILED");
 	power_off();
 }
 
@@ -437,10 +410,22 @@ int main(int argc, char **argv, char **envp)
 		run_program(rate[0], rate, envp);
 		power_off();
 	}
-	if (env_value(envp, "lwpprof"))
-		profile_programs(env_value(envp, "lwpprof"), envp);
-	if (env_value(envp, "wholeprof"))
-		whole_guest_programs(env_value(envp, "wholeprof"), envp);
+	/* lwpprof=SECONDS: the control API's profile test (/lwp-hot, /lwp-warm). */
+	if (env_value(envp, "lwpprof")) {
+		static const char *const names[] = { "/lwp-hot", "/lwp-warm" };
+
+		two_programs("lwp-prof", names, env_value(envp, "lwpprof"), envp);
+	}
+	/*
+	 * wholeprof=SECONDS: the whole-guest profile test, one process in the
+	 * kernel's read path (CPU 0) and one in its own code (CPU 1), neither
+	 * using LWP.
+	 */
+	if (env_value(envp, "wholeprof")) {
+		static const char *const names[] = { "/spin-kernel", "/spin-user" };
+
+		two_programs("whole-prof", names, env_value(envp, "wholeprof"), envp);
+	}
 	if (env_value(envp, "lwpdisk"))
 		device_program("/lwp-disk", env_value(envp, "lwpdisk"), envp);
 	if (env_value(envp, "lwpnet"))
