@@ -1010,8 +1010,36 @@ fn console_times(args: &[String], markers: &[fn(&str) -> bool]) -> (Vec<Option<f
 fn linux_guest() -> Option<(String, String)> {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("linux");
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("resources/linux/build.sh");
-    let built = Command::new(&script)
-        .arg(&dir)
+    build_linux(&script, &dir)
+}
+
+/// The Linux guest as it was before issue 32's work: the same sources and
+/// programs, its kernel configured by resources/linux/before.config (a
+/// copy of resources/linux with that fragment, built into its own
+/// directory; minutes the first time, cached after).
+fn linux_guest_before() -> Option<(String, String)> {
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let sources = tmp.join("linux-before-src");
+    let here = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("resources/linux");
+    let _ = std::fs::remove_dir_all(&sources);
+    let copied = Command::new("cp")
+        .arg("-r")
+        .arg(&here)
+        .arg(&sources)
+        .status()
+        .is_ok_and(|s| s.success())
+        && std::fs::copy(here.join("before.config"), sources.join("lwpvmm.config")).is_ok();
+    if !copied {
+        return None;
+    }
+    build_linux(&sources.join("build.sh"), &tmp.join("linux-before"))
+}
+
+/// Builds the Linux guest with `script` into `dir`: its kernel and
+/// initramfs.
+fn build_linux(script: &Path, dir: &Path) -> Option<(String, String)> {
+    let built = Command::new(script)
+        .arg(dir)
         .status()
         .is_ok_and(|s| s.success());
     built.then(|| {
@@ -1050,10 +1078,11 @@ fn linux_boot() {
     };
     let lwpvmm_run = lwpvmm_linux(&kernel, &initramfs, 1, &[]);
     // The kernel prints "reboot: Power down" as its last line.
-    let markers: [fn(&str) -> bool; 3] = [
+    let markers: [fn(&str) -> bool; 4] = [
         |l| l.contains("Run /init"),
         |l| l.starts_with("lwp-linux-selftest: ") && l.contains(" passed, "),
         |l| l.contains("reboot: "),
+        |_| true,
     ];
     println!("Linux guest, seconds from start to userspace / self-test done / kernel's last line:");
     let (l, console) = console_times(&lwpvmm_run, &markers);
@@ -1063,7 +1092,28 @@ fn linux_boot() {
             .collect::<Vec<_>>()
             .join(" / ")
     };
-    println!("  lwpvmm  {}", show(&l));
+    println!("  lwpvmm  {}", show(&l[..3]));
+    match l[3] {
+        Some(first) => println!("first console line = {first:.2} s"),
+        None => println!("first console line: none"),
+    }
+    // The same run of the kernel as it was before issue 32's work.
+    match linux_guest_before() {
+        Some((k, i)) => {
+            let (b, _) = console_times(&lwpvmm_linux(&k, &i, 1, &[]), &markers);
+            println!("  before  {}", show(&b[..3]));
+            let ratio = |now: Option<f64>, before: Option<f64>| match (now, before) {
+                (Some(n), Some(b)) if b > 0.0 => format!("{:.2}", n / b),
+                _ => "-".into(),
+            };
+            println!(
+                "linux boot to userspace now / before = {}",
+                ratio(l[0], b[0])
+            );
+            println!("linux selftest now / before = {}", ratio(l[1], b[1]));
+        }
+        None => println!("linux now / before: the before kernel did not build"),
+    }
     let linux_lwpins = cycles_after(&console, "lwpins from a Linux process: ");
     match (linux_lwpins, BARE_LWPINS.get()) {
         (Some(linux), Some(bare)) => println!(
