@@ -1078,11 +1078,13 @@ fn linux_boot() {
     };
     let lwpvmm_run = lwpvmm_linux(&kernel, &initramfs, 1, &[]);
     // The kernel prints "reboot: Power down" as its last line.
+    // The first line, userspace, the self-test's end, the kernel's last
+    // line (console_times stops at the last marker).
     let markers: [fn(&str) -> bool; 4] = [
+        |_| true,
         |l| l.contains("Run /init"),
         |l| l.starts_with("lwp-linux-selftest: ") && l.contains(" passed, "),
         |l| l.contains("reboot: "),
-        |_| true,
     ];
     println!("Linux guest, seconds from start to userspace / self-test done / kernel's last line:");
     let (l, console) = console_times(&lwpvmm_run, &markers);
@@ -1092,8 +1094,8 @@ fn linux_boot() {
             .collect::<Vec<_>>()
             .join(" / ")
     };
-    println!("  lwpvmm  {}", show(&l[..3]));
-    match l[3] {
+    println!("  lwpvmm  {}", show(&l[1..]));
+    match l[0] {
         Some(first) => println!("first console line = {first:.2} s"),
         None => println!("first console line: none"),
     }
@@ -1101,16 +1103,16 @@ fn linux_boot() {
     match linux_guest_before() {
         Some((k, i)) => {
             let (b, _) = console_times(&lwpvmm_linux(&k, &i, 1, &[]), &markers);
-            println!("  before  {}", show(&b[..3]));
+            println!("  before  {}", show(&b[1..]));
             let ratio = |now: Option<f64>, before: Option<f64>| match (now, before) {
                 (Some(n), Some(b)) if b > 0.0 => format!("{:.2}", n / b),
                 _ => "-".into(),
             };
             println!(
                 "linux boot to userspace now / before = {}",
-                ratio(l[0], b[0])
+                ratio(l[1], b[1])
             );
-            println!("linux selftest now / before = {}", ratio(l[1], b[1]));
+            println!("linux selftest now / before = {}", ratio(l[2], b[2]));
         }
         None => println!("linux now / before: the before kernel did not build"),
     }
@@ -1133,7 +1135,7 @@ fn linux_boot() {
     // fails on (lwpvmm skips it), so only the boot compares; on kvm_pvm it
     // already stops at the kernel's boot-time INT3 self-test (lwpvmm
     // delivers that INT3), so QEMU's column is empty there.
-    let ours = boot_of(l[0], &console);
+    let ours = boot_of(l[1], &console);
     let qemu = to_userspace(&qemu_pc_linux(&kernel, &initramfs, 1));
     println!("Linux boot to userspace, seconds from start (the kernel's own clock):");
     println!("  lwpvmm        {}", show_boot(ours));
