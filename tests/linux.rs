@@ -611,6 +611,28 @@ fn a_whole_guest_profile_names_the_kernel_and_the_process() {
     let table = String::from_utf8_lossy(&report.stdout);
     assert!(report.status.success(), "{report:?}");
     assert!(table.contains("spin_user"), "{table}");
+    // The kernel's time lies under the process function that asked for it.
+    let folded = work.join("whole.folded");
+    let kernel_side = output_within(
+        common::command()
+            .args(["report", "--kernel", "--kernel-symbols"])
+            .arg(dir.join("vmlinux"))
+            .arg("--symbols")
+            .arg(dir.join("bin/spin-kernel"))
+            .arg("--folded")
+            .arg(&folded)
+            .arg(&trace),
+        RUN_LIMIT,
+    );
+    assert!(kernel_side.status.success(), "{kernel_side:?}");
+    let stacks = std::fs::read_to_string(&folded).expect("folded stacks");
+    assert!(
+        stacks
+            .lines()
+            .any(|l| l.contains("read_zeros;") && l.find("read_zeros;") < l.find("read_zero_[k]")),
+        "no stack has the kernel's read under read_zeros:\n{}",
+        stacks.lines().take(20).collect::<Vec<_>>().join("\n")
+    );
     let p = lwpvmm::profile::pprof::read(&std::fs::read(&pprof).expect("the profile"))
         .expect("a gzipped pprof profile");
     let s = |i: i64| p.string_table[i as usize].as_str();

@@ -45,6 +45,10 @@ pub struct Unwound {
     /// first instruction), which a report that knows the function's code
     /// puts in front of `frames`.
     pub top: Option<u64>,
+    /// The frame pointer the walk stopped at. Linux's entry code leaves the
+    /// address of the interrupted context's saved registers there, with
+    /// bit 0 set (`ENCODE_FRAME_POINTER`).
+    pub last_fp: u64,
 }
 
 /// Where a stack is read from.
@@ -103,7 +107,11 @@ pub fn unwind(mem: &mut dyn StackMemory, start: UnwindStart) -> Unwound {
         below = fp;
         fp = saved_fp;
     }
-    Unwound { frames: stack, top }
+    Unwound {
+        frames: stack,
+        top,
+        last_fp: fp,
+    }
 }
 
 #[cfg(test)]

@@ -14,7 +14,10 @@ use std::sync::atomic::Ordering;
 
 use super::context::ExitCx;
 use super::lwp_state::CR3_ADDR;
+use kvm_bindings::kvm_sregs;
+
 use crate::guard::{Access, GuestView};
+use crate::profile::objects::KERNEL_HALF;
 use crate::profile::stack::{self, StackMemory, UnwindStart};
 use crate::profile::trace::TraceRecord;
 use crate::vmm::vcpu::privilege;
@@ -29,6 +32,56 @@ impl StackMemory for Supervisor<'_> {
     fn read_stack(&mut self, address: u64, buf: &mut [u8]) -> bool {
         self.0.read(address, buf, Access::SupervisorRead).is_ok()
     }
+}
+
+/// The words of x86-64 Linux's `struct pt_regs`, and where RBP, RIP, CS,
+/// RSP and SS lie in it.
+const PT_REGS_WORDS: usize = 21;
+const PT_RBP: usize = 4;
+const PT_RIP: usize = 16;
+const PT_CS: usize = 17;
+const PT_RSP: usize = 19;
+const PT_SS: usize = 20;
+
+/// Where the process a kernel sample works for was when it entered the
+/// kernel (a system call, a fault, an interrupt): its RIP, and where its
+/// stack unwinds from. A Linux built with frame pointers enters the kernel
+/// with RBP holding the address of the registers it saved (`struct
+/// pt_regs`) with bit 0 set (`ENCODE_FRAME_POINTER`), so the kernel's walk
+/// ends there (`last_fp`). The registers are read as supervisor memory and
+/// believed only when the saved CS and SS are user selectors and RIP a user
+/// address: a kernel thread, or a kernel without that encoding, adds no
+/// frames.
+fn entered_from(
+    view: &GuestView<'_>,
+    sregs: &kvm_sregs,
+    last_fp: u64,
+) -> Option<(u64, UnwindStart)> {
+    if last_fp & 1 == 0 {
+        return None;
+    }
+    let mut raw = [0u8; PT_REGS_WORDS * 8];
+    view.read(last_fp & !1, &mut raw, Access::SupervisorRead)
+        .ok()?;
+    let reg = |i: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&raw[i * 8..i * 8 + 8]);
+        u64::from_le_bytes(w)
+    };
+    let (rip, cs, ss) = (reg(PT_RIP), reg(PT_CS), reg(PT_SS));
+    if cs & 3 != 3 || ss & 3 != 3 || rip == 0 || rip >= KERNEL_HALF {
+        return None;
+    }
+    let long_mode =
+        privilege::load_segment(view, sregs, u16::try_from(cs).ok()?).is_some_and(|s| s.l == 1);
+    Some((
+        rip,
+        UnwindStart {
+            fp: reg(PT_RBP),
+            sp: reg(PT_RSP),
+            long_mode,
+        },
+    ))
 }
 
 /// Takes the sample of a kick: the vCPU's RIP and stack, to the trace and
@@ -84,6 +137,13 @@ pub fn take(cx: &mut ExitCx<'_>, elapsed_ns: u64) {
         };
         sample.stack = found.frames;
         sample.top = found.top;
+        // Under the kernel's frames, the process it works for, if any.
+        if kernel && let Some((rip, user)) = entered_from(&view, &sregs, found.last_fp) {
+            sample.stack.push(rip);
+            sample
+                .stack
+                .extend(stack::unwind(&mut { view }, user).frames);
+        }
     }
     let written = recorder.records(&[sample]);
     cx.metrics
@@ -108,14 +168,25 @@ mod tests {
     /// at `fp` saves no caller frame and returns to `ret`.
     const KERNEL_FP: u64 = FRAME_AT - 0x100;
     const RET: u64 = KERNEL_CODE + 0x10;
+    /// A frame whose caller is the kernel's entry: its saved frame pointer
+    /// is the address of the saved user registers, with bit 0 set.
+    const ENTERED_FP: u64 = FRAME_AT - 0x80;
 
     #[test]
     fn a_kick_is_sampled_where_it_lands_and_its_stack_read_with_that_privilege() {
         // (where the vCPU was, the frame pointer, kernel sample?, the stack
         // found, the counter it counts in)
         type Case = (&'static str, u64, bool, Vec<u64>);
-        let table: [Case; 3] = [
+        let table: [Case; 4] = [
             ("the kernel", KERNEL_FP, true, vec![RET]),
+            // The frame above ends in the registers the entry saved (bit 0
+            // set): the process's RIP goes under the kernel's frames.
+            (
+                "the kernel, entered from a process",
+                ENTERED_FP,
+                true,
+                vec![RET, USER_CODE],
+            ),
             // A process whose frame pointer names kernel memory: a CPL3
             // read faults and the stack ends there, empty.
             ("a process", KERNEL_FP, false, vec![]),
@@ -130,6 +201,21 @@ mod tests {
             r.mem
                 .write_obj(RET, GuestAddress(KERNEL_FP + 8))
                 .expect("kernel stack");
+            r.mem
+                .write_obj(AREA | 1, GuestAddress(ENTERED_FP))
+                .expect("kernel stack");
+            r.mem
+                .write_obj(RET, GuestAddress(ENTERED_FP + 8))
+                .expect("kernel stack");
+            // struct pt_regs at AREA: a process at USER_CODE without a frame.
+            let mut regs = [0u64; PT_REGS_WORDS];
+            regs[PT_RIP] = USER_CODE;
+            regs[PT_CS] = USER_CS;
+            regs[PT_SS] = USER_DS;
+            regs[PT_RSP] = USER_STACK - 0x100;
+            r.mem
+                .write_obj(regs, GuestAddress(AREA))
+                .expect("saved registers");
             if kernel {
                 r.at_cpl0();
                 r.vcpu.regs.rsp = KERNEL_FP;
