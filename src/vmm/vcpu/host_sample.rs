@@ -5,17 +5,18 @@
 //! host looking, as `perf kvm --guest record` looks on a host with a PMU.
 //!
 //! A kernel stack is read through the guard as supervisor loads, through
-//! the vCPU's own page tables; a read that faults ends the stack, never the
-//! run. Each sample stands for one sampling period of guest time. A vCPU
-//! the guest has not started (paging off, waiting for its startup IPI) is
-//! not sampled.
+//! the vCPU's own page tables, and goes on into the stack of the process
+//! the kernel works for; a read that faults ends the stack, never the run.
+//! Each sample stands for the guest time since its vCPU's last one, in
+//! whole sampling periods. A vCPU the guest has not started (paging off,
+//! waiting for its startup IPI) is not sampled.
 
 use std::sync::atomic::Ordering;
 
-use super::context::ExitCx;
-use super::lwp_state::CR3_ADDR;
 use kvm_bindings::kvm_sregs;
 
+use super::context::ExitCx;
+use super::lwp_state::CR3_ADDR;
 use crate::guard::{Access, GuestView};
 use crate::profile::objects::KERNEL_HALF;
 use crate::profile::stack::{self, StackMemory, UnwindStart};
