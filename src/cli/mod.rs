@@ -492,11 +492,17 @@ pub enum CliError {
         "--event {0} is not an LWP EventId: give 1 (LWPVAL), 2 (instructions retired), 3 (branches retired), 4 (data-cache misses), 5 (CPU clocks), 6 (reference clocks) or 255 (LWPINS), or 0 for the whole-guest samples of --profile-kernel"
     )]
     UnknownEvent(u8),
-    /// `--kernel-symbols` names a file that is neither.
+    /// `--kernel-symbols` names a file that cannot name kernel frames.
     #[error(
-        "{0} is neither an ELF with a symbol table (the guest kernel's vmlinux) nor a copy of /proc/kallsyms: give one of those to --kernel-symbols"
+        "--kernel-symbols {}: {source} (give the guest kernel's vmlinux or a copy of its /proc/kallsyms)",
+        path.display()
     )]
-    KernelSymbols(PathBuf),
+    KernelSymbols {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: crate::profile::objects::KernelSymbolsError,
+    },
     /// A flamegraph or folded stacks were asked for, with nothing to draw.
     #[error(
         "the trace has no records of {0}: there is no flamegraph, folded stack or profile to write, so nothing was written (choose another --event)"

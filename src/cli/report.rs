@@ -8,7 +8,7 @@ use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
 use crate::lwp::record::EventId;
-use crate::profile::objects::{Resolver, Symbols};
+use crate::profile::objects::{Resolver, Symbols, read_kernel_symbols};
 use crate::profile::pprof;
 use crate::profile::report::{self, ReportError, Tally};
 use crate::profile::sysroot::Sysroot;
@@ -111,10 +111,11 @@ pub fn report(out: &mut dyn Write, args: &ReportArgs) -> Result<u8, CliError> {
         sysroot,
     );
     if let Some(path) = &args.kernel_symbols {
-        let bytes = read("kernel symbol file", path)?;
-        if !resolver.set_kernel(&path.display().to_string(), &bytes) {
-            return Err(CliError::KernelSymbols(path.clone()));
-        }
+        let bytes = read_kernel_symbols(path).map_err(|source| CliError::KernelSymbols {
+            path: path.clone(),
+            source,
+        })?;
+        resolver.set_kernel(&path.display().to_string(), &bytes);
     }
     let terminal = std::io::stderr().is_terminal();
     let (summary, tally) = tally(&args.trace, &mut resolver, |n| {

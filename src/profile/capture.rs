@@ -206,7 +206,7 @@ impl Capture {
         };
         let weight = r.weight();
         if let Some(n) = self.counts.get_mut(&key) {
-            *n += weight;
+            *n = n.saturating_add(weight);
         } else if self.counts.len() < MAX_STACKS {
             self.counts.insert(key, weight);
         } else {

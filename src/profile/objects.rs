@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
 
-use super::sysroot::{FileId, Refusal, Sysroot, normal};
+use super::sysroot::{FileId, NamedFileError, Refusal, Sysroot, normal, read_named};
 use super::trace::MappingLine;
 
 /// Function symbols of a guest ELF, sorted by address, and which of them
@@ -238,6 +238,32 @@ impl ObjectFile {
 /// Lower-case hex of `bytes`.
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The most bytes of a kernel symbol file read (a vmlinux with debug
+/// information is tens of MiB; a kallsyms copy a few).
+pub const KERNEL_SYMBOLS_MAX: u64 = 1 << 30;
+
+/// Why a kernel symbol file cannot name kernel frames.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelSymbolsError {
+    /// It cannot be read, or is no regular file, or is too large.
+    #[error(transparent)]
+    File(#[from] NamedFileError),
+    /// Not symbols.
+    #[error("neither an ELF with a symbol table (a vmlinux) nor a copy of /proc/kallsyms")]
+    NoSymbols,
+}
+
+/// Reads a kernel symbol file a user named ([`read_named`], at most
+/// [`KERNEL_SYMBOLS_MAX`] bytes) and checks that it names kernel functions,
+/// for [`Resolver::set_kernel`].
+pub fn read_kernel_symbols(path: &std::path::Path) -> Result<Vec<u8>, KernelSymbolsError> {
+    let bytes = read_named(path, KERNEL_SYMBOLS_MAX)?;
+    if !Resolver::default().set_kernel(&path.display().to_string(), &bytes) {
+        return Err(KernelSymbolsError::NoSymbols);
+    }
+    Ok(bytes)
 }
 
 /// Where the kernel half of a 64-bit address space starts (canonical
@@ -629,5 +655,43 @@ ffffffff81000300 W weak_one [some_module]
         for (cr3, address, want) in table {
             assert_eq!(r.name(r.frame(cr3, address), false), want);
         }
+    }
+
+    #[test]
+    fn a_kernel_symbol_file_must_be_a_regular_file_of_symbols() {
+        let dir = std::env::temp_dir().join(format!("lwpvmm-ksyms-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("fifo");
+        let _ = std::fs::remove_file(&fifo);
+        rustix::fs::mkfifoat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+        )
+        .unwrap();
+        std::fs::write(dir.join("text"), "hello\n").unwrap();
+        std::fs::write(dir.join("kallsyms"), "ffffffff81000000 T _text\n").unwrap();
+        // (file, what reading it gives)
+        let table: [(std::path::PathBuf, &str); 5] = [
+            (dir.join("kallsyms"), "ok"),
+            (dir.join("text"), "neither an ELF"),
+            (fifo.clone(), "not a regular file"),
+            (std::path::PathBuf::from("/dev/null"), "not a regular file"),
+            (dir.join("missing"), "No such file"),
+        ];
+        for (path, want) in table {
+            let got = match read_kernel_symbols(&path) {
+                Ok(_) => "ok".to_owned(),
+                Err(e) => e.to_string(),
+            };
+            assert!(got.contains(want), "{}: {got}", path.display());
+        }
+        // The sysroot's initramfs is read the same way: a FIFO is refused
+        // at once, not waited on.
+        assert!(matches!(
+            Sysroot::open(&fifo),
+            Err(crate::profile::sysroot::SysrootError::NotAnArchive(_))
+        ));
+        std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -87,12 +87,14 @@ impl Tally {
             .chain(caller)
             .chain(record.stack.iter().map(|&a| resolver.frame(record.cr3, a)))
             .collect();
-        *self
+        // A trace is outside input: its weights add without overflowing.
+        let count = self
             .counts
             .entry(record.event)
             .or_default()
             .entry((record.cr3, stack))
-            .or_default() += n;
+            .or_default();
+        *count = count.saturating_add(n);
     }
 
     /// The stacks of `event` (or of every EventId) with their counts.

@@ -167,6 +167,40 @@ enum Files {
     },
 }
 
+/// Why a file a user named was not read.
+#[derive(Debug, Error)]
+pub enum NamedFileError {
+    /// It could not be opened or read.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// A FIFO, a device, a socket or a directory.
+    #[error("not a regular file")]
+    NotRegular,
+    /// Longer than the reader takes.
+    #[error("larger than {0} bytes")]
+    TooLarge(u64),
+}
+
+/// Reads a file a user named (an initramfs, a kernel's symbols): opened
+/// without blocking, so a FIFO or a device is refused at once rather than
+/// waited on, accepted only when regular, and read to at most `max` bytes.
+pub fn read_named(path: &Path, max: u64) -> Result<Vec<u8>, NamedFileError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = File::options()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(NamedFileError::NotRegular);
+    }
+    let mut bytes = Vec::new();
+    file.take(max.saturating_add(1)).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Err(NamedFileError::TooLarge(max));
+    }
+    Ok(bytes)
+}
+
 impl Sysroot {
     /// Opens `path`: a directory, else an initramfs.
     pub fn open(path: &Path) -> Result<Self, SysrootError> {
@@ -184,14 +218,11 @@ impl Sysroot {
             .map_err(|e| read(e.into()))?;
             return Ok(Sysroot::of(Files::Dir(root)));
         }
-        let file = File::open(path).map_err(read)?;
-        if !file.metadata().map_err(read)?.is_file() {
-            return Err(SysrootError::NotAnArchive(path.to_path_buf()));
-        }
-        let mut raw = Vec::new();
-        file.take(ARCHIVE_MAX + 1)
-            .read_to_end(&mut raw)
-            .map_err(read)?;
+        let raw = read_named(path, ARCHIVE_MAX).map_err(|e| match e {
+            NamedFileError::Io(source) => read(source),
+            NamedFileError::NotRegular => SysrootError::NotAnArchive(path.to_path_buf()),
+            NamedFileError::TooLarge(_) => SysrootError::TooLarge(path.to_path_buf()),
+        })?;
         let bytes = if raw.starts_with(&GZIP_MAGIC) {
             let mut out = Vec::new();
             GzDecoder::new(raw.as_slice())

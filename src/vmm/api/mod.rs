@@ -30,6 +30,7 @@ use thiserror::Error;
 use self::http::{Response, parse_request};
 use self::routes::{Answer, Context, KernelSymbols, Origin, finish_profile, route};
 use crate::guest_warn;
+use crate::profile::objects::{KernelSymbolsError, read_kernel_symbols};
 use crate::profile::sysroot::{Sysroot, SysrootError};
 use crate::vmm::base::recorder::CaptureId;
 use crate::vmm::base::request::VmmHandle;
@@ -99,52 +100,6 @@ pub struct ApiConfig {
     pub kernel_image: Option<PathBuf>,
 }
 
-/// The most bytes of a kernel symbol file the API reads.
-pub const KERNEL_SYMBOLS_MAX: u64 = 1 << 30;
-
-/// Reads a kernel symbol file the user named: a regular file (opened
-/// without blocking, so a FIFO or device is refused at once), at most
-/// [`KERNEL_SYMBOLS_MAX`] bytes, that names kernel functions.
-fn read_kernel_symbols(path: &std::path::Path) -> Result<KernelSymbols, KernelSymbolsError> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = std::fs::File::options()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)?;
-    let meta = file.metadata()?;
-    if !meta.is_file() {
-        return Err(KernelSymbolsError::NotRegular);
-    }
-    if meta.len() > KERNEL_SYMBOLS_MAX {
-        return Err(KernelSymbolsError::TooLarge);
-    }
-    let mut bytes = Vec::new();
-    file.take(KERNEL_SYMBOLS_MAX).read_to_end(&mut bytes)?;
-    let name = path.display().to_string();
-    if !crate::profile::objects::Resolver::default().set_kernel(&name, &bytes) {
-        return Err(KernelSymbolsError::NoSymbols);
-    }
-    Ok((name, Arc::new(bytes)))
-}
-
-/// Why a kernel symbol file cannot name kernel frames.
-#[derive(Debug, Error)]
-pub enum KernelSymbolsError {
-    /// It cannot be read.
-    #[error("{0}")]
-    Io(#[from] std::io::Error),
-    /// A FIFO, a device, a directory.
-    #[error("not a regular file")]
-    NotRegular,
-    /// Past the size the API reads.
-    #[error("larger than {KERNEL_SYMBOLS_MAX} bytes")]
-    TooLarge,
-    /// Not symbols.
-    #[error("neither an ELF with a symbol table (a vmlinux) nor a copy of /proc/kallsyms")]
-    NoSymbols,
-}
-
 /// The socket file, removed when the API goes.
 #[derive(Debug)]
 struct SocketFile(PathBuf);
@@ -190,15 +145,15 @@ impl ApiListeners {
             .map(Arc::new);
         let kernel = match (&config.kernel_symbols, &config.kernel_image) {
             (Some(path), _) => {
-                Some(
+                let bytes =
                     read_kernel_symbols(path).map_err(|source| ApiError::KernelSymbols {
                         path: path.clone(),
                         source,
-                    })?,
-                )
+                    })?;
+                Some((path.display().to_string(), Arc::new(bytes)))
             }
             (None, Some(image)) => match read_kernel_symbols(image) {
-                Ok(k) => Some(k),
+                Ok(bytes) => Some((image.display().to_string(), Arc::new(bytes))),
                 Err(why) => {
                     log::info!(
                         "{} gives no kernel symbols ({why}): kernel frames of whole-guest profiles are addresses unless --kernel-symbols names the kernel's vmlinux",
@@ -684,42 +639,5 @@ impl ApiThread {
         use std::io::Write;
         let _ = (&self.stop).write_all(&[1]);
         let _ = self.thread.join();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_kernel_symbol_file_must_be_a_regular_file_of_symbols() {
-        let dir = std::env::temp_dir().join(format!("lwpvmm-ksyms-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let fifo = dir.join("fifo");
-        let _ = std::fs::remove_file(&fifo);
-        rustix::fs::mkfifoat(
-            rustix::fs::CWD,
-            &fifo,
-            rustix::fs::Mode::from_raw_mode(0o600),
-        )
-        .unwrap();
-        std::fs::write(dir.join("text"), "hello\n").unwrap();
-        std::fs::write(dir.join("kallsyms"), "ffffffff81000000 T _text\n").unwrap();
-        // (file, what reading it gives)
-        let table: [(PathBuf, &str); 5] = [
-            (dir.join("kallsyms"), "ok"),
-            (dir.join("text"), "neither an ELF"),
-            (fifo, "not a regular file"),
-            (PathBuf::from("/dev/null"), "not a regular file"),
-            (dir.join("missing"), "No such file"),
-        ];
-        for (path, want) in table {
-            let got = match read_kernel_symbols(&path) {
-                Ok(_) => "ok".to_owned(),
-                Err(e) => e.to_string(),
-            };
-            assert!(got.contains(want), "{}: {got}", path.display());
-        }
-        std::fs::remove_dir_all(dir).unwrap();
     }
 }
