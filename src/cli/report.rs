@@ -220,6 +220,9 @@ fn tally(
     let summary = trace::for_each_entry(path, progress, |e| match e {
         Entry::Record(r) => tally.add(r, resolver),
         Entry::Mapping(m) => resolver.mapping(m),
+        Entry::Kernel(k) => {
+            resolver.kernel_entry(k.syscall_entry);
+        }
     })
     .map_err(Into::into);
     (summary, tally)

@@ -41,14 +41,27 @@ fn prologue(code: &[u8]) -> Option<u64> {
     .map(|p| (skip + p.len()) as u64)
 }
 
+/// A global symbol without a type in a code section: how assembly names
+/// its entry points (Linux's `entry_SYSCALL_64`, `asm_exc_page_fault`),
+/// which are functions to a profile.
+fn is_code_label(file: &object::File<'_>, s: &object::Symbol<'_, '_>) -> bool {
+    s.kind() == SymbolKind::Unknown
+        && s.is_global()
+        && s.section_index()
+            .and_then(|i| file.section_by_index(i).ok())
+            .is_some_and(|section| section.kind() == object::SectionKind::Text)
+}
+
 impl Symbols {
-    /// The function symbols of `elf`. A symbol without a size ends where the
+    /// The function symbols of `elf`, and the global labels of its code. A symbol without a size ends where the
     /// next one starts.
     pub fn from_elf(elf: &[u8]) -> Result<Self, object::Error> {
         let file = object::File::parse(elf)?;
         let mut f: Vec<(u64, u64, String)> = file
             .symbols()
-            .filter(|s| s.kind() == SymbolKind::Text && s.is_definition())
+            .filter(|s| {
+                s.is_definition() && (s.kind() == SymbolKind::Text || is_code_label(&file, s))
+            })
             .filter_map(|s| Some((s.address(), s.size(), s.name().ok()?.to_owned())))
             .filter(|(_, _, name)| !name.is_empty())
             .collect();
@@ -270,6 +283,10 @@ pub fn read_kernel_symbols(path: &std::path::Path) -> Result<Vec<u8>, KernelSymb
 /// addresses with bit 47 set).
 pub const KERNEL_HALF: u64 = 0xffff_8000_0000_0000;
 
+/// The symbol x86-64 Linux points MSR LSTAR at: where a randomised kernel
+/// was placed is read from it.
+const SYSCALL_ENTRY: &str = "entry_SYSCALL_64";
+
 /// The most bytes of guest files one resolver reads (one report, or one
 /// profile of the API): past it, further files are refused
 /// ([`Refusal::Budget`]) and their frames stay addresses.
@@ -293,6 +310,9 @@ pub struct Resolver {
     /// The guest kernel's object (`--kernel-symbols`): names every address
     /// in the kernel half of the address space.
     kernel: Option<u32>,
+    /// How far the running kernel lies from its symbols' addresses (KASLR):
+    /// subtracted from every kernel address before it is named.
+    kernel_slide: u64,
     sysroot: Option<Arc<Sysroot>>,
     /// Per address space: its mappings and their objects.
     spaces: HashMap<u64, Vec<(MappingLine, u32)>>,
@@ -346,6 +366,26 @@ impl Resolver {
         self.objects.push(object);
         self.kernel = Some(self.objects.len() as u32 - 1);
         true
+    }
+
+    /// Takes where the running kernel's system-call entry lay (a trace's
+    /// [`KernelLine`]): a kernel placed at random (KASLR) is named at its
+    /// symbols' addresses from then on. False when the kernel symbols have
+    /// no `entry_SYSCALL_64`, or there are none; addresses stay as run.
+    ///
+    /// [`KernelLine`]: crate::profile::trace::KernelLine
+    pub fn kernel_entry(&mut self, syscall_entry: u64) -> bool {
+        let linked = self
+            .kernel
+            .and_then(|k| self.objects[k as usize].symbols.as_ref())
+            .and_then(|s| s.address_of(SYSCALL_ENTRY));
+        match linked {
+            Some(linked) => {
+                self.kernel_slide = syscall_entry.wrapping_sub(linked);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Whether `address` is the guest kernel's: the upper half of a 64-bit
@@ -446,7 +486,10 @@ impl Resolver {
     /// The frame of `address` in the address space `cr3`.
     pub fn frame(&self, cr3: u64, address: u64) -> Frame {
         if let Some(object) = self.kernel.filter(|_| Self::is_kernel(address)) {
-            return Frame { object, address };
+            return Frame {
+                object,
+                address: address.wrapping_sub(self.kernel_slide),
+            };
         }
         let mapped = self.spaces.get(&cr3).and_then(|maps| {
             maps.iter()
@@ -637,6 +680,56 @@ ffffffff81000300 W weak_one [some_module]
             assert_eq!(s.lookup(address), want, "{address:#x}");
         }
         assert!(Symbols::from_kallsyms("no symbols here\n").is_none());
+    }
+
+    #[test]
+    fn a_randomised_kernel_is_named_at_its_symbols_addresses() {
+        let kallsyms = "ffffffff81000000 T start_kernel\nffffffff81400040 T entry_SYSCALL_64\n";
+        // (LSTAR as the guest set it, the sampled address, its name):
+        // the sample moves with the kernel.
+        let table = [
+            (
+                0xffff_ffff_8140_0040,
+                0xffff_ffff_8100_0010,
+                "start_kernel_[k]",
+            ),
+            (
+                0xffff_ffff_9e40_0040,
+                0xffff_ffff_9e00_0010,
+                "start_kernel_[k]",
+            ),
+            (
+                0xffff_ffff_9e40_0040,
+                0xffff_ffff_9e40_0041,
+                "entry_SYSCALL_64_[k]",
+            ),
+        ];
+        for (lstar, address, want) in table {
+            let mut r = Resolver::default();
+            assert!(r.set_kernel("kallsyms", kallsyms.as_bytes()));
+            assert!(r.kernel_entry(lstar));
+            assert_eq!(r.name(r.frame(0x1000, address), false), want);
+        }
+        // Symbols without the entry leave the addresses as they ran.
+        let mut r = Resolver::default();
+        assert!(!r.kernel_entry(0xffff_ffff_9e40_0040), "no kernel symbols");
+        assert!(r.set_kernel("kallsyms", b"ffffffff81000000 T start_kernel\n"));
+        assert!(!r.kernel_entry(0xffff_ffff_9e40_0040));
+        assert_eq!(
+            r.name(r.frame(0, 0xffff_ffff_8100_0010), false),
+            "start_kernel_[k]"
+        );
+    }
+
+    #[test]
+    fn an_assembly_entry_point_is_a_function() {
+        // The insn guest's kernel_hook is a global label without a type in
+        // code, as Linux's entry code declares its entry points; main is a
+        // typed function.
+        let symbols = Symbols::from_elf(crate::guests::get("insn").unwrap()).unwrap();
+        for name in ["kernel_hook", "main"] {
+            assert!(symbols.address_of(name).is_some(), "{name}");
+        }
     }
 
     #[test]

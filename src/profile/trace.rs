@@ -21,8 +21,9 @@ use crate::lwp::record::EventRecord;
 
 /// The trace format version: 2 added the line that ends a trace at its
 /// size limit, 3 the call stack of a record, 4 the host's samples of the
-/// whole guest ([`GUEST_CPU`], `kernel`).
-pub const TRACE_VERSION: u32 = 4;
+/// whole guest ([`GUEST_CPU`], `kernel`), 5 the kernel's line
+/// ([`KernelLine`]).
+pub const TRACE_VERSION: u32 = 5;
 
 /// The EventId of a host-side sample of the whole guest (`--profile-kernel`):
 /// 0, which LWP reserves and never stores. Such a line is what the sampler's
@@ -185,6 +186,22 @@ struct MappingWrapper {
     mapping: MappingLine,
 }
 
+/// A trace line saying where the guest kernel's system-call entry lies in
+/// this run, so that a report corrects a randomised (KASLR) kernel's
+/// addresses to its vmlinux's: the kernel's MSR LSTAR, which Linux points at
+/// `entry_SYSCALL_64`. Written once, at the first kernel sample after the
+/// kernel set it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KernelLine {
+    /// The value of LSTAR.
+    pub syscall_entry: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct KernelWrapper {
+    kernel: KernelLine,
+}
+
 /// One line of a trace after its header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Entry<'a> {
@@ -192,6 +209,8 @@ pub enum Entry<'a> {
     Record(&'a TraceRecord),
     /// An executable mapping.
     Mapping(&'a MappingLine),
+    /// Where the guest kernel lies.
+    Kernel(KernelLine),
 }
 
 /// Why a trace cannot be read.
@@ -277,6 +296,12 @@ impl TraceWriter {
         self.write_line(&line).map(|_| ())
     }
 
+    /// Appends the kernel's line; past the limit it is dropped, as records
+    /// are.
+    pub fn append_kernel(&mut self, kernel: KernelLine) -> io::Result<()> {
+        self.write_line(&KernelWrapper { kernel }).map(|_| ())
+    }
+
     /// Writes one line within the limit; false when it did not fit (and
     /// the limit line is written the first time).
     fn write_line(&mut self, value: &impl Serialize) -> io::Result<bool> {
@@ -329,7 +354,7 @@ const HEADER_MAX: u64 = 4096;
 
 /// Trace format versions this lwpvmm reads: version 1 had no limit line,
 /// versions 1 and 2 no stacks.
-const READABLE_VERSIONS: [u32; 4] = [1, 2, 3, TRACE_VERSION];
+const READABLE_VERSIONS: [u32; 5] = [1, 2, 3, 4, TRACE_VERSION];
 
 /// Reads a trace line by line, handing each record to `f`, without holding
 /// more than one line; `progress` is called every 100 000 lines.
@@ -425,6 +450,8 @@ pub fn for_each_entry(
             Err(e) => {
                 if let Ok(m) = serde_json::from_str::<MappingWrapper>(line) {
                     f(Entry::Mapping(&m.mapping));
+                } else if let Ok(k) = serde_json::from_str::<KernelWrapper>(line) {
+                    f(Entry::Kernel(k.kernel));
                 } else if let Ok(limit) = serde_json::from_str::<LimitLine>(line) {
                     summary.limit = Some(limit.limit_reached);
                 } else if !text.ends_with('\n') {
@@ -487,6 +514,37 @@ mod tests {
         assert_eq!(summary.header, header());
         assert_eq!((summary.limit, summary.cut_line), (None, None));
         assert_eq!(records, lines);
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn the_kernel_line_is_read_back_in_its_place() {
+        let path = temp("kernel");
+        let mut w = TraceWriter::create(&path, &header(), u64::MAX).unwrap();
+        let sample = TraceRecord::guest_cpu(0, 0x5000, 0xffff_ffff_9000_0010, true, 1, 1, 0);
+        let kernel = KernelLine {
+            syscall_entry: 0xffff_ffff_9060_0040,
+        };
+        w.append(std::slice::from_ref(&sample)).unwrap();
+        w.append_kernel(kernel).unwrap();
+        w.append(std::slice::from_ref(&sample)).unwrap();
+        w.flush().unwrap();
+        let mut seen = Vec::new();
+        let summary = for_each_entry(
+            &path,
+            |_| {},
+            |e| {
+                seen.push(match e {
+                    Entry::Record(_) => "record",
+                    Entry::Mapping(_) => "mapping",
+                    Entry::Kernel(k) if k == kernel => "kernel",
+                    Entry::Kernel(_) => "another kernel",
+                })
+            },
+        )
+        .unwrap();
+        assert_eq!(seen, ["record", "kernel", "record"]);
+        assert_eq!(summary.records, 2, "the kernel line is not a record");
         std::fs::remove_file(path).unwrap();
     }
 

@@ -568,6 +568,9 @@ fn profile_response(capture: Capture, cx: &Context<'_>) -> Response {
     if let Some((path, bytes)) = &cx.kernel {
         resolver.set_kernel(path, bytes);
     }
+    if let Some(entry) = cx.vm.recorder().kernel_entry() {
+        resolver.kernel_entry(entry);
+    }
     let profile = capture.profile(resolver, cx.vm.recorder().sample_hz());
     let mut body = Vec::new();
     match pprof::write(&profile, &mut body) {

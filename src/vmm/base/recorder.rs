@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use thiserror::Error;
 
 use crate::profile::capture::{Capture, MappingTable};
-use crate::profile::trace::{MappingLine, TraceRecord, TraceWriter};
+use crate::profile::trace::{KernelLine, MappingLine, TraceRecord, TraceWriter};
 
 /// Captures running at once (pprof requests and a started capture).
 pub const MAX_CAPTURES: usize = 4;
@@ -57,6 +57,9 @@ pub struct Recorder {
     whole_guest: AtomicBool,
     /// Running captures that asked for whole-guest samples.
     kernel_captures: AtomicU32,
+    /// The guest kernel's system-call entry (its LSTAR), once a kernel
+    /// sample found it set: 0 until then.
+    kernel_entry: AtomicU64,
 }
 
 /// Who asked for a capture.
@@ -92,6 +95,7 @@ impl Recorder {
             sample_hz: AtomicU32::new(sample_hz),
             whole_guest: AtomicBool::new(false),
             kernel_captures: AtomicU32::new(0),
+            kernel_entry: AtomicU64::new(0),
         };
         r.set_events(&EVENT_IDS);
         r
@@ -163,6 +167,30 @@ impl Recorder {
     /// Starts or stops host-side samples of the whole guest.
     pub fn set_whole_guest(&self, on: bool) {
         self.whole_guest.store(on, Ordering::Relaxed);
+    }
+
+    /// Where the guest kernel's system-call entry lies, once known.
+    pub fn kernel_entry(&self) -> Option<u64> {
+        Some(self.kernel_entry.load(Ordering::Relaxed)).filter(|&e| e != 0)
+    }
+
+    /// Notes where the guest kernel's system-call entry lies (its LSTAR),
+    /// the first time only: the trace gets a line saying so, from which a
+    /// report places a randomised kernel. False when writing it failed.
+    pub fn note_kernel_entry(&self, syscall_entry: u64) -> bool {
+        if syscall_entry == 0
+            || self
+                .kernel_entry
+                .compare_exchange(0, syscall_entry, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            return true;
+        }
+        let line = KernelLine { syscall_entry };
+        match &self.trace {
+            Some(trace) => matches!(trace.lock().map(|mut t| t.append_kernel(line)), Ok(Ok(()))),
+            None => true,
+        }
     }
 
     /// Takes records a unit stored, already filtered by [`Self::wants`].

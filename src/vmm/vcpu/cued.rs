@@ -187,7 +187,7 @@ impl VcpuOps for CuedVcpu {
         Ok(())
     }
 
-    fn kernel_gs_base(&self) -> Result<u64, String> {
+    fn msr(&self, _index: u32) -> Result<u64, String> {
         Ok(0)
     }
 

@@ -12,6 +12,7 @@ use vm_memory::ByteValued;
 
 use super::context::ExitCx;
 use super::inject;
+use super::ops::MSR_KERNEL_GS_BASE;
 use super::protocol::{VcpuError, VcpuStep};
 use super::stepper;
 use crate::guard::{Access, GuestView};
@@ -124,7 +125,7 @@ pub fn behind_doorbell(
     };
     let gs_base = match gs {
         GsBase::Swapped if lwp_insn::uses_gs(&bytes[..len], code.bitness) => {
-            match cx.vcpu.kernel_gs_base() {
+            match cx.vcpu.msr(MSR_KERNEL_GS_BASE) {
                 Ok(base) => base,
                 Err(e) => return Answer::NotOurs(Some(format!("KERNEL_GS_BASE: {e}"))),
             }

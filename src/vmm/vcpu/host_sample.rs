@@ -17,6 +17,7 @@ use kvm_bindings::kvm_sregs;
 
 use super::context::ExitCx;
 use super::lwp_state::CR3_ADDR;
+use super::ops::MSR_LSTAR;
 use crate::guard::{Access, GuestView};
 use crate::profile::objects::KERNEL_HALF;
 use crate::profile::stack::{self, StackMemory, UnwindStart};
@@ -85,6 +86,19 @@ fn entered_from(
     ))
 }
 
+/// Reads where the guest kernel put its system-call entry (LSTAR), for
+/// the report to place a randomised kernel (KASLR) by its symbols: once the
+/// kernel has set it to a kernel address. A kernel without SYSCALL (LSTAR
+/// still 0) is read again at its next sample.
+fn note_kernel_entry(cx: &mut ExitCx<'_>) {
+    let Ok(lstar) = cx.vcpu.msr(MSR_LSTAR) else {
+        return;
+    };
+    if lstar >= KERNEL_HALF && !cx.recorder.note_kernel_entry(lstar) {
+        cx.metrics.trace_errors.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// Takes the sample of a kick: the vCPU's RIP and stack, to the trace and
 /// the running captures. It stands for the guest time since the vCPU's
 /// last sample, `elapsed_ns` (0 when unknown: one period), in whole
@@ -106,6 +120,9 @@ pub fn take(cx: &mut ExitCx<'_>, elapsed_ns: u64) {
     let recorder = cx.recorder;
     if !recorder.wants_records() {
         return;
+    }
+    if kernel && recorder.kernel_entry().is_none() {
+        note_kernel_entry(cx);
     }
     let hz = u64::from(recorder.sample_hz().max(1));
     let period_ns = 1_000_000_000 / hz;
@@ -172,6 +189,46 @@ mod tests {
     /// A frame whose caller is the kernel's entry: its saved frame pointer
     /// is the address of the saved user registers, with bit 0 set.
     const ENTERED_FP: u64 = FRAME_AT - 0x80;
+
+    #[test]
+    fn the_kernels_syscall_entry_is_noted_once_from_a_kernel_sample() {
+        // (where the vCPU was, LSTAR, what the recorder then knows)
+        let table = [
+            ("a process", false, 0xffff_ffff_9e40_0040, None),
+            ("the kernel before SYSCALL is set up", true, 0, None),
+            (
+                "the kernel",
+                true,
+                0xffff_ffff_9e40_0040,
+                Some(0xffff_ffff_9e40_0040),
+            ),
+        ];
+        for (what, kernel, lstar, want) in table {
+            let mut r = Rig::new(LwpProfile::Off, None);
+            r.recorder = Recorder::new(None, true, 1000);
+            let _id = r
+                .recorder
+                .start_capture(CaptureOwner::Owner)
+                .expect("a capture");
+            if kernel {
+                r.at_cpl0();
+            } else {
+                r.at_cpl3(false);
+            }
+            r.vcpu.lstar = lstar;
+            take(&mut r.cx(), 0);
+            assert_eq!(r.recorder.kernel_entry(), want, "{what}");
+            // A kernel that moves LSTAR later does not move the note.
+            r.vcpu.lstar = 0xffff_ffff_8140_0040;
+            take(&mut r.cx(), 0);
+            let again = if kernel && want.is_none() {
+                Some(r.vcpu.lstar)
+            } else {
+                want
+            };
+            assert_eq!(r.recorder.kernel_entry(), again, "{what}, again");
+        }
+    }
 
     #[test]
     fn a_kick_is_sampled_where_it_lands_and_its_stack_read_with_that_privilege() {

@@ -22,7 +22,10 @@ use crate::vmm::vcpu::lwp_insn::MAX_INSN_LEN;
 use crate::vmm::vcpu::vcpu_state::{self, VcpuSnapshot, VcpuStateError};
 
 const KVM_INTERNAL_ERROR_EMULATION: u32 = 1;
-const MSR_KERNEL_GS_BASE: u32 = 0xc000_0102;
+/// The MSR holding a 64-bit context's GS base after the kernel's SWAPGS.
+pub const MSR_KERNEL_GS_BASE: u32 = 0xc000_0102;
+/// The MSR holding the 64-bit SYSCALL entry point.
+pub const MSR_LSTAR: u32 = 0xc000_0082;
 const KVM_INTERNAL_ERROR_EMULATION_FLAG_INSTRUCTION_BYTES: u64 = 1;
 
 /// What KVM says about an instruction its emulator could not run.
@@ -73,9 +76,8 @@ pub trait VcpuOps {
     /// Raises this vCPU's threshold line (an edge on its IOAPIC pin); an
     /// error when it has none.
     fn raise_threshold_line(&self) -> Result<(), String>;
-    /// The MSR KERNEL_GS_BASE: a 64-bit context's GS base after the
-    /// kernel's SWAPGS.
-    fn kernel_gs_base(&self) -> Result<u64, String>;
+    /// The guest's MSR `index` (KERNEL_GS_BASE, LSTAR), as KVM keeps it.
+    fn msr(&self, index: u32) -> Result<u64, String>;
     /// The emulation failure of an internal-error exit.
     fn emulation_failure(&mut self) -> EmulationFailure;
     /// Where the guard's paging comes from (CPUID, PKRU).
@@ -283,15 +285,15 @@ impl VcpuOps for KvmVcpu {
         self.vm.set_irq_line(gsi, true).map_err(|e| e.to_string())
     }
 
-    fn kernel_gs_base(&self) -> Result<u64, String> {
+    fn msr(&self, index: u32) -> Result<u64, String> {
         let mut msrs = Msrs::from_entries(&[kvm_msr_entry {
-            index: MSR_KERNEL_GS_BASE,
+            index,
             ..Default::default()
         }])
         .map_err(|e| e.to_string())?;
         match self.fd.get_msrs(&mut msrs) {
             Ok(1) => Ok(msrs.as_slice()[0].data),
-            Ok(_) => Err("KVM_GET_MSRS read no KERNEL_GS_BASE".into()),
+            Ok(_) => Err(format!("KVM_GET_MSRS read no MSR {index:#x}")),
             Err(e) => Err(e.to_string()),
         }
     }

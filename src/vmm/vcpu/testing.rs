@@ -13,7 +13,7 @@ use vm_memory::{ByteValued, Bytes, GuestAddress};
 
 use super::context::ExitCx;
 use super::lwp_state::VcpuLwp;
-use super::ops::{Delivery, EmulationFailure, VcpuOps};
+use super::ops::{Delivery, EmulationFailure, MSR_KERNEL_GS_BASE, MSR_LSTAR, VcpuOps};
 use super::protocol::VcpuError;
 use crate::guard::GuestMemory;
 use crate::guard::pagetable::{PageSize, PageTables, PteFlags};
@@ -81,6 +81,7 @@ pub struct FakeVcpu {
     /// Edges raised on the threshold line.
     pub lines: Cell<u32>,
     pub kernel_gs_base: u64,
+    pub lstar: u64,
     pub single_step: Option<bool>,
     pub failure: EmulationFailure,
     pub tsc: u64,
@@ -134,8 +135,12 @@ impl VcpuOps for FakeVcpu {
         Ok(())
     }
 
-    fn kernel_gs_base(&self) -> Result<u64, String> {
-        Ok(self.kernel_gs_base)
+    fn msr(&self, index: u32) -> Result<u64, String> {
+        match index {
+            MSR_KERNEL_GS_BASE => Ok(self.kernel_gs_base),
+            MSR_LSTAR => Ok(self.lstar),
+            _ => Err(format!("the fake has no MSR {index:#x}")),
+        }
     }
 
     fn signal_msi(&self, msi: &kvm_msi) -> Result<(), String> {
@@ -230,6 +235,7 @@ impl Rig {
             msis: RefCell::default(),
             lines: Cell::new(0),
             kernel_gs_base: 0,
+            lstar: 0,
             single_step: None,
             failure: EmulationFailure {
                 suberror: 1,
