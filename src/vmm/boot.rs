@@ -50,10 +50,14 @@ const CMDLINE_MAX: usize = 4096;
 /// hides features whose instructions its emulator cannot run (XSAVE is the
 /// one that matters; CLAC/STAC, POPCNT and friends would otherwise need
 /// emulating in lwpvmm), and `nompscan` is a parameter of our host-quirk
-/// patches. docs/linux-guest.md has the details.
+/// patches. `noreplace-smp` and `percpu_alloc=page` answer the whole-guest
+/// profile of a boot: one vCPU's kernel rewrote every LOCK prefix
+/// (`alternatives_smp_module_add`, 6% of it), and each vCPU's per-CPU area
+/// was a zeroed 2 MiB unit (`pcpu_embed_first_chunk`, 6%). docs/linux-guest.md
+/// has the details.
 pub const LINUX_CMDLINE: &str = "console=ttyS0 reboot=k panic=-1 rdinit=/init nopti nokaslr \
      clearcpuid=141,145,150,151,154,288,291,296,297,298,308,534,580 \
-     no_timer_check nompscan rodata=off";
+     no_timer_check nompscan rodata=off noreplace-smp percpu_alloc=page";
 /// The command line that boots the same kernel from the first disk
 /// (/dev/vda) instead of an initramfs, mounted read-only when the disk is.
 pub fn disk_cmdline(read_only: bool) -> String {
