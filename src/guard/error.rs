@@ -160,6 +160,12 @@ pub enum GuardError {
         /// The address.
         address: u64,
     },
+    /// An atomic 16-byte access to an address that is not 16-byte aligned.
+    #[error("atomic 16-byte access to {address:#x}, which is not 16-byte aligned")]
+    Misaligned {
+        /// The address.
+        address: u64,
+    },
 }
 
 impl GuardError {
@@ -197,7 +203,8 @@ impl GuardError {
             | GuardError::RangeWraps { .. }
             | GuardError::TableOutsideRam { .. }
             | GuardError::PageOutsideRam { .. }
-            | GuardError::Contended { .. } => GuestFault::GeneralProtection,
+            | GuardError::Contended { .. }
+            | GuardError::Misaligned { .. } => GuestFault::GeneralProtection,
         }
     }
 }

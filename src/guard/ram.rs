@@ -7,7 +7,9 @@
 
 use std::sync::atomic::Ordering;
 
-use vm_memory::bitmap::AtomicBitmap;
+use portable_atomic::AtomicU128;
+
+use vm_memory::bitmap::{AtomicBitmap, Bitmap};
 use vm_memory::{
     Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion, GuestRegionMmap,
     MemoryRegionAddress,
@@ -69,6 +71,40 @@ impl<'m> Ram<'m> {
             Some((r, offset)) => r.read_slice(buf, offset).is_ok(),
             None => self.mem.read_slice(buf, GuestAddress(gpa)).is_ok(),
         }
+    }
+
+    /// Compares the 16 bytes at `gpa` with `expected` and stores `new` there
+    /// when they are equal, as one atomic operation of the host CPU, as a
+    /// guest's locked CMPXCHG16B would; returns what was there. The range
+    /// is marked dirty, since the CPU writes the operand back either way.
+    /// `None` when `gpa` is not 16-byte aligned or not RAM.
+    pub(crate) fn compare_exchange_u128(
+        &mut self,
+        gpa: u64,
+        expected: u128,
+        new: u128,
+    ) -> Option<u128> {
+        if !gpa.is_multiple_of(16) {
+            return None;
+        }
+        let (r, offset) = self.region(gpa, 16)?;
+        let slice = r.get_slice(offset, 16).ok()?;
+        let guard = slice.ptr_guard_mut();
+        let target = guard.as_ptr().cast::<u128>();
+        // SAFETY: `target` is the host mapping of 16 bytes of guest RAM that
+        // the region holds (get_slice checked the range), 16-byte aligned
+        // because the region's mapping is page aligned and `gpa` is 16-byte
+        // aligned, and the guard keeps the mapping alive while it is used.
+        // Other vCPUs and the guest access the bytes concurrently, only
+        // ever through atomic instructions or plain stores, as guest code
+        // on real hardware would.
+        let atomic = unsafe { AtomicU128::from_ptr(target) };
+        let found = match atomic.compare_exchange(expected, new, Ordering::SeqCst, Ordering::SeqCst)
+        {
+            Ok(v) | Err(v) => v,
+        };
+        slice.bitmap().mark_dirty(0, 16);
+        Some(found)
     }
 
     /// Writes `buf` at `gpa`, marking the pages dirty for diff snapshots;

@@ -87,6 +87,36 @@ impl<'a> GuestView<'a> {
         )
     }
 
+    /// Compares the 16 bytes at `address` with `expected` and stores `new`
+    /// when they are equal, atomically, as `access` (a store: the CPU
+    /// writes the operand back either way); returns what was there. The
+    /// address must be 16-byte aligned, so the operand lies in one page.
+    pub fn compare_exchange_u128(
+        &self,
+        address: u64,
+        expected: u128,
+        new: u128,
+        access: Access,
+    ) -> Result<u128, GuardError> {
+        if !address.is_multiple_of(16) {
+            return Err(GuardError::Misaligned { address });
+        }
+        let mut found = 0;
+        self.each_page(
+            address,
+            16,
+            access,
+            Marking::SetAccessedDirty,
+            |ram, gpa, _, _| {
+                found = ram
+                    .compare_exchange_u128(gpa, expected, new)
+                    .ok_or(GuardError::PageOutsideRam { address, gpa })?;
+                Ok(())
+            },
+        )?;
+        Ok(found)
+    }
+
     /// Walks `[address, address + len)` a page at a time; for each piece
     /// checks RAM and calls `f(ram, gpa, offset into the range, length)`.
     fn each_page(

@@ -25,6 +25,9 @@ pub enum GuestFault {
     Breakpoint,
     /// #UD.
     InvalidOpcode,
+    /// #NM: not an LWP fault, an SSE instruction at CPL0 that lwpvmm
+    /// carries out for a kernel while CR0.TS is set.
+    DeviceNotAvailable,
     /// #GP(0).
     GeneralProtection,
     /// #PF with the faulting linear address (CR2) and the error code.
@@ -42,6 +45,7 @@ impl GuestFault {
         match self {
             GuestFault::Breakpoint => 3,
             GuestFault::InvalidOpcode => 6,
+            GuestFault::DeviceNotAvailable => 7,
             GuestFault::GeneralProtection => 13,
             GuestFault::PageFault { .. } => 14,
         }
@@ -50,7 +54,9 @@ impl GuestFault {
     /// The error code pushed with the exception, if the vector has one.
     pub fn error_code(self) -> Option<u32> {
         match self {
-            GuestFault::Breakpoint | GuestFault::InvalidOpcode => None,
+            GuestFault::Breakpoint | GuestFault::InvalidOpcode | GuestFault::DeviceNotAvailable => {
+                None
+            }
             GuestFault::GeneralProtection => Some(0),
             GuestFault::PageFault { error_code, .. } => Some(error_code),
         }
@@ -62,6 +68,7 @@ impl fmt::Display for GuestFault {
         match self {
             GuestFault::Breakpoint => f.write_str("#BP"),
             GuestFault::InvalidOpcode => f.write_str("#UD"),
+            GuestFault::DeviceNotAvailable => f.write_str("#NM"),
             GuestFault::GeneralProtection => f.write_str("#GP(0)"),
             GuestFault::PageFault {
                 address,
@@ -84,6 +91,7 @@ mod tests {
         let table = [
             (GuestFault::Breakpoint, 3, None, "#BP"),
             (GuestFault::InvalidOpcode, 6, None, "#UD"),
+            (GuestFault::DeviceNotAvailable, 7, None, "#NM"),
             (GuestFault::GeneralProtection, 13, Some(0), "#GP(0)"),
             (pf, 14, Some(6), "#PF(address 0x1000, error code 0x6)"),
         ];

@@ -56,7 +56,7 @@ const CMDLINE_MAX: usize = 4096;
 /// was a zeroed 2 MiB unit (`pcpu_embed_first_chunk`, 6%). docs/linux-guest.md
 /// has the details.
 pub const LINUX_CMDLINE: &str = "console=ttyS0 reboot=k panic=-1 rdinit=/init nopti nokaslr \
-     clearcpuid=141,145,150,151,154,288,291,296,297,298,308,534,580 \
+     clearcpuid=145,150,151,154,288,291,296,297,298,308,534,580 \
      no_timer_check nompscan rodata=off noreplace-smp percpu_alloc=page";
 /// The command line that boots the same kernel from the first disk
 /// (/dev/vda) instead of an initramfs, mounted read-only when the disk is.

@@ -68,6 +68,13 @@ counters! {
     cpl0_fwait,
     /// INT3s at CPL0 that KVM's emulator failed on, delivered as #BP.
     cpl0_int3,
+    /// LDMXCSR and STMXCSR at CPL0 that KVM's emulator failed on, carried
+    /// out by lwpvmm.
+    cpl0_mxcsr,
+    /// VERR and VERW at CPL0 that KVM's emulator failed on, carried out.
+    cpl0_verw,
+    /// CMPXCHG16B at CPL0 that KVM's emulator failed on, carried out.
+    cpl0_cmpxchg16b,
     /// LLWPCB executed.
     llwpcb,
     /// SLWPCB executed.
@@ -164,7 +171,7 @@ impl VcpuMetrics {
             }
             GuestFault::PageFault { .. } => &self.denied_not_present,
             GuestFault::GeneralProtection | GuestFault::InvalidOpcode => &self.denied_gp,
-            GuestFault::Breakpoint => return,
+            GuestFault::Breakpoint | GuestFault::DeviceNotAvailable => return,
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }

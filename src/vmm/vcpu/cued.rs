@@ -187,6 +187,14 @@ impl VcpuOps for CuedVcpu {
         Ok(())
     }
 
+    fn mxcsr(&self) -> Result<u32, VcpuError> {
+        Ok(0x1f80)
+    }
+
+    fn set_mxcsr(&mut self, _value: u32) -> Result<(), VcpuError> {
+        Ok(())
+    }
+
     fn msr(&self, _index: u32) -> Result<u64, String> {
         Ok(0)
     }

@@ -12,6 +12,7 @@ use vm_memory::ByteValued;
 
 use super::context::ExitCx;
 use super::inject;
+use super::kernel_insn::{self, KernelMnemonic};
 use super::ops::MSR_KERNEL_GS_BASE;
 use super::protocol::{VcpuError, VcpuStep};
 use super::stepper;
@@ -237,6 +238,36 @@ pub fn emulation_failure(cx: &mut ExitCx<'_>) -> Result<VcpuStep, VcpuError> {
     let tsc = cx.vcpu.guest_tsc();
     let (rsp, rflags, rip) = (regs.rsp, regs.rflags, regs.rip);
     let bitness = lwp_insn::code_bitness(sregs.cs.l, sregs.cs.db);
+    if privilege::is_kernel(&sregs) {
+        let mut ctx = Context {
+            regs: &mut regs,
+            rsp,
+            rflags,
+            rip,
+            user: false,
+            bitness,
+            bases: SegmentBases::loaded(&sregs, bitness),
+        };
+        match kernel_insn::emulate(&view, &mut *cx.vcpu, &sregs, &mut ctx, bytes)? {
+            kernel_insn::Outcome::Done { next_rip, mnemonic } => {
+                let counter = match mnemonic {
+                    KernelMnemonic::Ldmxcsr | KernelMnemonic::Stmxcsr => &cx.metrics.cpl0_mxcsr,
+                    KernelMnemonic::Verr | KernelMnemonic::Verw => &cx.metrics.cpl0_verw,
+                    KernelMnemonic::Cmpxchg16b => &cx.metrics.cpl0_cmpxchg16b,
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                regs.rflags = ctx.rflags;
+                regs.rip = next_rip;
+                cx.vcpu.set_regs(&regs);
+                return Ok(VcpuStep::Continue);
+            }
+            kernel_insn::Outcome::Fault(fault) => {
+                inject::fault(cx, &regs, &sregs, fault)?;
+                return Ok(VcpuStep::Continue);
+            }
+            kernel_insn::Outcome::NotOurs => {}
+        }
+    }
     let mut ctx = Context {
         regs: &mut regs,
         rsp,
@@ -535,7 +566,23 @@ mod tests {
             Result<u64, &'static str>,
             Option<u8>,
         );
-        let table: [Case; 7] = [
+        let table: [Case; 9] = [
+            (
+                "verw, which the host's emulator lacks: carried out",
+                LwpProfile::Emulated,
+                vec![0x0f, 0x00, 0xe9],
+                0,
+                Ok(KERNEL_CODE + 3),
+                None,
+            ),
+            (
+                "ldmxcsr without CR4.OSFXSR: #UD",
+                LwpProfile::Off,
+                vec![0x0f, 0xae, 0x10],
+                AREA,
+                Ok(KERNEL_CODE),
+                Some(6),
+            ),
             (
                 "int3: #BP with the address after it",
                 LwpProfile::Emulated,

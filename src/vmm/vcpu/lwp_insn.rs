@@ -304,26 +304,7 @@ fn read_rm32(
     if insn.op_kind(1) == OpKind::Register {
         return Ok(read_reg(ctx, insn.op_register(1)) as u32);
     }
-    let address = insn
-        .virtual_address(1, 0, |reg, _, _| {
-            let b = &ctx.bases;
-            Some(match reg {
-                Register::ES => b.es,
-                Register::CS => b.cs,
-                Register::SS => b.ss,
-                Register::DS => b.ds,
-                Register::FS => b.fs,
-                Register::GS => b.gs,
-                r => read_reg(ctx, r),
-            })
-        })
-        .ok_or(GuestFault::GeneralProtection)?;
-    // Outside 64-bit mode linear addresses are 32 bits: base + offset wraps.
-    let address = if ctx.bitness == 64 {
-        address
-    } else {
-        address & 0xffff_ffff
-    };
+    let address = memory_address(ctx, insn, 1).ok_or(GuestFault::GeneralProtection)?;
     let access = if ctx.user {
         Access::UserRead
     } else {
@@ -332,6 +313,30 @@ fn read_rm32(
     let mut b = [0u8; 4];
     view.read(address, &mut b, access).map_err(|e| e.fault())?;
     Ok(u32::from_le_bytes(b))
+}
+
+/// The linear address of `insn`'s memory operand `op` in `ctx`: segment
+/// base, base, index and displacement, wrapped to 32 bits outside 64-bit
+/// mode; `None` when iced-x86 cannot compute it.
+pub fn memory_address(ctx: &Context<'_>, insn: &Instruction, op: u32) -> Option<u64> {
+    let address = insn.virtual_address(op, 0, |reg, _, _| {
+        let b = &ctx.bases;
+        Some(match reg {
+            Register::ES => b.es,
+            Register::CS => b.cs,
+            Register::SS => b.ss,
+            Register::DS => b.ds,
+            Register::FS => b.fs,
+            Register::GS => b.gs,
+            r => read_reg(ctx, r),
+        })
+    })?;
+    // Outside 64-bit mode linear addresses are 32 bits: base + offset wraps.
+    Some(if ctx.bitness == 64 {
+        address
+    } else {
+        address & 0xffff_ffff
+    })
 }
 
 fn slot<'a>(ctx: &'a mut Context<'_>, full: Register) -> Option<&'a mut u64> {
@@ -359,7 +364,7 @@ fn slot<'a>(ctx: &'a mut Context<'_>, full: Register) -> Option<&'a mut u64> {
 
 /// The value of a 16-, 32- or 64-bit general register (narrower reads are
 /// zero-extended).
-fn read_reg(ctx: &Context<'_>, reg: Register) -> u64 {
+pub fn read_reg(ctx: &Context<'_>, reg: Register) -> u64 {
     let r = &*ctx.regs;
     let value = match reg.full_register() {
         Register::RAX => r.rax,

@@ -8,7 +8,8 @@
 //!   state), `protocol` (what the thread and the VMM say), `ops` (the vCPU
 //!   behind a trait, real or fake), `privilege`, `context` (what a handler
 //!   works with);
-//! - handlers: `inject`, `stepper`, `doorbell`, `lwp`, `state_call`,
+//! - handlers: `kernel_insn` (CPL0 instructions the host's emulator
+//!   cannot run), `inject`, `stepper`, `doorbell`, `lwp`, `state_call`,
 //!   `host_sample` (whole-guest samples at a kick), then
 //!   `exit`, which dispatches to them;
 //! - the thread: `run_state` (its table of states), `thread`; in tests,
@@ -26,6 +27,7 @@ mod exit;
 pub mod guest_paging;
 mod host_sample;
 mod inject;
+mod kernel_insn;
 mod lwp;
 pub mod lwp_insn;
 mod lwp_state;

@@ -78,6 +78,11 @@ pub trait VcpuOps {
     fn raise_threshold_line(&self) -> Result<(), String>;
     /// The guest's MSR `index` (KERNEL_GS_BASE, LSTAR), as KVM keeps it.
     fn msr(&self, index: u32) -> Result<u64, String>;
+    /// The guest's MXCSR (KVM_GET_FPU).
+    fn mxcsr(&self) -> Result<u32, VcpuError>;
+    /// Sets the guest's MXCSR (KVM_SET_FPU), keeping the rest of its FPU
+    /// state.
+    fn set_mxcsr(&mut self, value: u32) -> Result<(), VcpuError>;
     /// The emulation failure of an internal-error exit.
     fn emulation_failure(&mut self) -> EmulationFailure;
     /// Where the guard's paging comes from (CPUID, PKRU).
@@ -296,6 +301,19 @@ impl VcpuOps for KvmVcpu {
             Ok(_) => Err(format!("KVM_GET_MSRS read no MSR {index:#x}")),
             Err(e) => Err(e.to_string()),
         }
+    }
+
+    fn mxcsr(&self) -> Result<u32, VcpuError> {
+        self.fd
+            .get_fpu()
+            .map(|fpu| fpu.mxcsr)
+            .map_err(self.ioctl("KVM_GET_FPU"))
+    }
+
+    fn set_mxcsr(&mut self, value: u32) -> Result<(), VcpuError> {
+        let mut fpu = self.fd.get_fpu().map_err(self.ioctl("KVM_GET_FPU"))?;
+        fpu.mxcsr = value;
+        self.fd.set_fpu(&fpu).map_err(self.ioctl("KVM_SET_FPU"))
     }
 
     fn emulation_failure(&mut self) -> EmulationFailure {

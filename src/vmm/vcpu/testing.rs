@@ -82,6 +82,8 @@ pub struct FakeVcpu {
     pub lines: Cell<u32>,
     pub kernel_gs_base: u64,
     pub lstar: u64,
+    /// MXCSR (its reset value 0x1F80 at the start).
+    pub mxcsr: u32,
     pub single_step: Option<bool>,
     pub failure: EmulationFailure,
     pub tsc: u64,
@@ -132,6 +134,15 @@ impl VcpuOps for FakeVcpu {
 
     fn raise_threshold_line(&self) -> Result<(), String> {
         self.lines.set(self.lines.get() + 1);
+        Ok(())
+    }
+
+    fn mxcsr(&self) -> Result<u32, VcpuError> {
+        Ok(self.mxcsr)
+    }
+
+    fn set_mxcsr(&mut self, value: u32) -> Result<(), VcpuError> {
+        self.mxcsr = value;
         Ok(())
     }
 
@@ -236,6 +247,7 @@ impl Rig {
             lines: Cell::new(0),
             kernel_gs_base: 0,
             lstar: 0,
+            mxcsr: 0x1f80,
             single_step: None,
             failure: EmulationFailure {
                 suberror: 1,
