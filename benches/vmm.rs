@@ -1201,6 +1201,38 @@ fn linux_lwp() {
     println!("linux step/bare step = {}", ratio(step, bare_step));
 }
 
+/// Issue 31's lines: the Linux guest's bzImage, its payload decompressed
+/// by lwpvmm, against the same kernel's ELF, to the kernel's `Run /init`
+/// (wall time from the start, the median of three runs each, alternating).
+fn stock_kernel() {
+    let Some((kernel, initramfs)) = linux_guest() else {
+        println!("stock_kernel: resources/linux/build.sh failed: skipped");
+        return;
+    };
+    let vmlinuz = Path::new(&kernel).with_file_name("vmlinuz");
+    let vmlinuz = vmlinuz.to_str().expect("UTF-8 path");
+    let markers: [fn(&str) -> bool; 1] = [|l| l.contains("Run /init")];
+    let (mut elf, mut bz) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        elf.extend(console_times(&lwpvmm_linux(&kernel, &initramfs, 1, &[]), &markers).0[0]);
+        bz.extend(console_times(&lwpvmm_linux(vmlinuz, &initramfs, 1, &[]), &markers).0[0]);
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied()
+    };
+    match (median(&mut elf), median(&mut bz)) {
+        (Some(e), Some(b)) => {
+            println!("  to Run /init: ELF {e:.2} s, bzImage {b:.2} s");
+            println!("bzImage host-decompressed / ELF boot = {:.2}", b / e);
+        }
+        _ => println!("bzImage host-decompressed / ELF boot: a boot did not reach /init"),
+    }
+    println!(
+        "stock kernel to /init: not measured: Debian's kernel does not reach /init here yet (docs/linux-guest.md, \"A distribution kernel on these hosts\")"
+    );
+}
+
 /// Records per second of the Linux guest's `lwp-rate` with `procs`
 /// processes on `vcpus` vCPUs, from its own line.
 fn lwp_rate(kernel: &str, initramfs: &str, vcpus: u8, procs: u8) -> Option<f64> {
@@ -1681,7 +1713,7 @@ fn main() {
         .skip(1)
         .filter(|a| !a.starts_with('-'))
         .collect();
-    let sections: [(&str, fn()); 9] = [
+    let sections: [(&str, fn()); 10] = [
         ("round_trips", round_trips),
         ("starts", starts),
         ("snapshots", snapshots),
@@ -1691,6 +1723,7 @@ fn main() {
         ("linux_lwp", linux_lwp),
         ("smp", smp),
         ("devices", devices),
+        ("stock_kernel", stock_kernel),
     ];
     for (name, section) in sections {
         if filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str())) {

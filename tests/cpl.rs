@@ -34,7 +34,7 @@ fn ss_dpl_is_the_cpl_and_cs_dpl_is_not() {
         .expect("supported CPUID");
     vcpu.set_cpuid2(&cpuid).expect("CPUID");
     let kernel = boot::load_kernel(&mem, lwpvmm::guests::get("cplprobe").unwrap()).unwrap();
-    boot::write_boot_info(&mem, &kernel, "", None, 1).unwrap();
+    boot::write_boot_info(&mem, &kernel, "", None, 1, &[]).unwrap();
     boot::write_gdt(&mem).unwrap();
     let (regs, sregs) = boot::initial_state(kernel.entry, vcpu.get_sregs().unwrap());
     vcpu.set_sregs(&sregs).unwrap();

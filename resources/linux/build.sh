@@ -19,13 +19,20 @@ OUT=$1
 HERE=$(cd "$(dirname "$0")" && pwd)
 TARBALL=/usr/src/linux-source-6.1.tar.xz
 JOBS=$(nproc 2>/dev/null || echo 2)
+# A reproducible kernel: the same sources and configuration give the same
+# bytes, also when switching the bzImage's compression relinks vmlinux.
+export KBUILD_BUILD_TIMESTAMP="Thu Jan  1 00:00:00 UTC 2026"
+export KBUILD_BUILD_VERSION=1 KBUILD_BUILD_USER=lwpvmm KBUILD_BUILD_HOST=lwpvmm
 
 log() { echo "lwpvmm linux: $*" >&2; }
 
 need_packages() {
     missing=""
     [ -f "$TARBALL" ] || missing="$missing linux-source-6.1"
-    for tool in bison:bison flex:flex bc:bc make:make gcc:gcc; do
+    # The compressors of the bzImages below, one per format the kernel's
+    # build offers.
+    for tool in bison:bison flex:flex bc:bc make:make gcc:gcc bzip2:bzip2 xz:xz-utils \
+        lzop:lzop lz4:lz4 zstd:zstd; do
         command -v "${tool%%:*}" >/dev/null 2>&1 || missing="$missing ${tool#*:}"
     done
     [ -f /usr/include/gelf.h ] || missing="$missing libelf-dev"
@@ -90,6 +97,30 @@ else
     done
     make -s -C "$TREE" ARCH=x86_64 -j"$JOBS" vmlinux modules_prepare
     cp "$TREE/vmlinux" "$OUT/vmlinux"
+    # The same kernel as a bzImage, as a user has it in /boot: vmlinuz in
+    # the configuration's compression (xz, tinyconfig's), and vmlinuz.FORMAT
+    # in each other one, for lwpvmm's host-side decompression
+    # (src/vmm/payload.rs). Switching the compression relinks the
+    # decompressor only.
+    make -s -C "$TREE" ARCH=x86_64 -j"$JOBS" bzImage
+    cp "$TREE/arch/x86/boot/bzImage" "$OUT/vmlinuz"
+    formats="GZIP BZIP2 LZMA XZ LZO LZ4 ZSTD"
+    for format in $formats; do
+        [ "$format" = XZ ] && continue
+        for other in $formats; do
+            "$TREE/scripts/config" --file "$TREE/.config" --disable "KERNEL_$other"
+        done
+        "$TREE/scripts/config" --file "$TREE/.config" --enable "KERNEL_$format"
+        make -s -C "$TREE" ARCH=x86_64 olddefconfig >/dev/null 2>&1
+        grep -qx "CONFIG_KERNEL_$format=y" "$TREE/.config" || { log "CONFIG_KERNEL_$format did not take"; exit 1; }
+        make -s -C "$TREE" ARCH=x86_64 -j"$JOBS" bzImage
+        cp "$TREE/arch/x86/boot/bzImage" "$OUT/vmlinuz.$(echo "$format" | tr 'A-Z' 'a-z')"
+    done
+    for other in $formats; do
+        "$TREE/scripts/config" --file "$TREE/.config" --disable "KERNEL_$other"
+    done
+    "$TREE/scripts/config" --file "$TREE/.config" --enable KERNEL_XZ
+    make -s -C "$TREE" ARCH=x86_64 olddefconfig >/dev/null 2>&1
     # The module, out of tree as a user builds it on their own kernel. The
     # vmlinux half of the symbol versions is all it links against (KVM=m
     # is never built).

@@ -17,11 +17,12 @@ use linux_loader::loader::elf::start_info::{
 };
 use linux_loader::loader::{BzImage, Cmdline, Elf, KernelLoader, PvhBootCapability, load_cmdline};
 use thiserror::Error;
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend};
+use vm_memory::{Address, ByteValued, Bytes, GuestAddress, GuestMemoryBackend};
 
 use crate::guard::GuestMemory;
 use crate::guard::pagetable::PteFlags;
-use crate::vmm::devices::acpi::{ACPI_END, ACPI_START, AcpiTables, RSDP_ADDR};
+use crate::vmm::devices::acpi::{ACPI_END, ACPI_START, AcpiTables, MmioDevice, RSDP_ADDR};
+use crate::vmm::payload::{self, Format, PayloadError};
 use crate::vmm::snapshot;
 
 /// Start of the MMIO hole below 4 GiB (LAPIC, IOAPIC and friends live there).
@@ -108,6 +109,17 @@ pub enum BootError {
     /// The image did not fit in guest memory.
     #[error("cannot load the kernel ({0}): is guest memory large enough for it?")]
     KernelLoad(linux_loader::loader::Error),
+    /// A bzImage's payload could not be decompressed on the host.
+    #[error("the bzImage's kernel cannot be unpacked: {0}")]
+    Payload(#[from] PayloadError),
+    /// A bzImage's payload is not a 64-bit x86 ELF.
+    #[error("the bzImage's {format} payload is not an x86-64 ELF: {source}")]
+    PayloadElf {
+        /// Its compression.
+        format: Format,
+        /// What the loader said.
+        source: linux_loader::loader::Error,
+    },
     /// The command line is invalid or too long.
     #[error("invalid kernel command line: {0}")]
     Cmdline(linux_loader::cmdline::Error),
@@ -199,6 +211,19 @@ pub struct LoadedKernel {
     /// First byte after the image.
     pub end: u64,
     setup_header: Option<linux_loader::loader::bootparam::setup_header>,
+    /// A bzImage whose payload the host decompressed: its format.
+    pub decompressed: Option<Format>,
+    /// The kernel takes virtio-mmio devices from its command line
+    /// (`virtio_mmio.device=`, CONFIG_VIRTIO_MMIO_CMDLINE_DEVICES, as the
+    /// project's kernel): it names that parameter. One that does not finds
+    /// them in the DSDT, as Debian's does. Describing them both ways would
+    /// have a kernel that reads both register each device twice.
+    pub cmdline_devices: bool,
+}
+
+/// Whether a kernel's bytes name the `virtio_mmio.device` parameter.
+fn names_cmdline_devices(kernel: &[u8]) -> bool {
+    memchr::memmem::find(kernel, b"virtio_mmio.device").is_some()
 }
 
 /// Bytes an ELF's program headers and loadable segments need, when the
@@ -335,6 +360,8 @@ pub fn load_kernel(mem: &GuestMemory, image: &[u8]) -> Result<LoadedKernel, Boot
                 entry,
                 end: r.kernel_end,
                 setup_header: None,
+                decompressed: None,
+                cmdline_devices: names_cmdline_devices(image),
             });
         }
         Err(linux_loader::loader::Error::Elf(
@@ -343,15 +370,69 @@ pub fn load_kernel(mem: &GuestMemory, image: &[u8]) -> Result<LoadedKernel, Boot
         )) => linux_loader::loader::Error::Elf(e),
         Err(e) => return Err(BootError::KernelLoad(e)),
     };
+    // A bzImage: its payload is decompressed here, in milliseconds, rather
+    // than by its own decompressor in the guest, which a host that
+    // emulates guest CPL0 runs for minutes.
+    match payload::decompress(image) {
+        Ok(kernel) => return load_payload(mem, image, kernel),
+        Err(PayloadError::NotBzImage) => {}
+        Err(e @ PayloadError::UnknownFormat { .. }) => log::warn!(
+            "the bzImage's kernel is left to its own decompressor in the guest ({e}); where KVM emulates guest CPL0 that takes minutes"
+        ),
+        Err(e) => return Err(e.into()),
+    }
     match BzImage::load(mem, None, &mut Cursor::new(image), start) {
         Ok(r) => Ok(LoadedKernel {
             entry: Entry::Linux64(r.kernel_load.raw_value() + 0x200),
             end: r.kernel_end,
             setup_header: r.setup_header,
+            decompressed: None,
+            // What its payload holds is not known here: the command line,
+            // as before.
+            cmdline_devices: true,
         }),
         Err(bzimage) => Err(BootError::KernelFormat { elf, bzimage }),
     }
 }
+
+/// Loads the ELF a bzImage's payload held, to be entered at its
+/// `startup_64` through the 64-bit boot protocol with the bzImage's own
+/// setup header, as its decompressor would have entered it (at the
+/// physical address it is linked for: no KASLR without the decompressor).
+fn load_payload(
+    mem: &GuestMemory,
+    image: &[u8],
+    kernel: payload::Kernel,
+) -> Result<LoadedKernel, BootError> {
+    let format = kernel.format;
+    let r = Elf::load(
+        mem,
+        None,
+        &mut Cursor::new(&kernel.bytes),
+        Some(GuestAddress(KERNEL_START)),
+    )
+    .map_err(|source| BootError::PayloadElf { format, source })?;
+    let mut header = linux_loader::loader::bootparam::setup_header::default();
+    let at = SETUP_HEADER_OFFSET;
+    let len = header.as_slice().len();
+    if let Some(bytes) = image.get(at..at + len) {
+        header.as_mut_slice().copy_from_slice(bytes);
+    }
+    log::info!(
+        "the bzImage's {format} payload was decompressed on the host ({} bytes)",
+        kernel.bytes.len()
+    );
+    Ok(LoadedKernel {
+        entry: Entry::Linux64(r.kernel_load.raw_value()),
+        end: r.kernel_end,
+        setup_header: Some(header),
+        decompressed: Some(format),
+        cmdline_devices: names_cmdline_devices(&kernel.bytes),
+    })
+}
+
+/// Where a bzImage's setup header starts.
+const SETUP_HEADER_OFFSET: usize = 0x1f1;
 
 /// Where a program for `lwpvmm profile` may start: above the guest runtime
 /// and its 4 KiB test window.
@@ -400,14 +481,15 @@ fn check_linkage(image: &[u8]) -> Result<(), BootError> {
 }
 
 /// Writes the command line, the initramfs, the ACPI tables describing
-/// `vcpus` vCPUs and the boot information the kernel's entry protocol
-/// expects.
+/// `vcpus` vCPUs and the virtio-mmio `devices` (those the command line does
+/// not name) and the boot information the kernel's entry protocol expects.
 pub fn write_boot_info(
     mem: &GuestMemory,
     kernel: &LoadedKernel,
     cmdline: &str,
     initramfs: Option<&[u8]>,
     vcpus: u8,
+    devices: &[MmioDevice],
 ) -> Result<(), BootError> {
     let mut cl = Cmdline::new(CMDLINE_MAX).map_err(BootError::Cmdline)?;
     if !cmdline.is_empty() {
@@ -420,7 +502,7 @@ pub fn write_boot_info(
         Some(data) => Some(place_initramfs(mem, kernel.end, data)?),
         None => None,
     };
-    for (addr, table) in &AcpiTables::new(vcpus).tables {
+    for (addr, table) in &AcpiTables::new(vcpus, devices).tables {
         mem.write_slice(table, GuestAddress(*addr))
             .map_err(|e| BootError::BootData(e.to_string()))?;
     }
@@ -698,7 +780,7 @@ mod tests {
         let mem = create_memory(64).unwrap();
         let k = load_kernel(&mem, crate::guests::get("minimal").unwrap()).unwrap();
         assert!(matches!(k.entry, Entry::Pvh(0x10_0000)), "{:?}", k.entry);
-        write_boot_info(&mem, &k, "console=ttyS0", Some(&[7u8; 4096]), 2).unwrap();
+        write_boot_info(&mem, &k, "console=ttyS0", Some(&[7u8; 4096]), 2, &[]).unwrap();
         let info: hvm_start_info = mem.read_obj(GuestAddress(PVH_INFO_ADDR)).unwrap();
         assert_eq!(info.magic, PVH_MAGIC);
         assert_eq!(info.rsdp_paddr, RSDP_ADDR);
@@ -790,7 +872,7 @@ mod tests {
             mem.read_obj::<u8>(GuestAddress(KERNEL_START)).unwrap(),
             0xC3
         );
-        write_boot_info(&mem, &k, "console=ttyS0", None, 1).unwrap();
+        write_boot_info(&mem, &k, "console=ttyS0", None, 1, &[]).unwrap();
         let params: boot_params = mem.read_obj(GuestAddress(ZERO_PAGE_ADDR)).unwrap();
         assert_eq!({ params.hdr.header }, KERNEL_HDR_MAGIC);
         assert_eq!(
@@ -888,6 +970,56 @@ mod tests {
     }
 
     #[test]
+    fn a_bzimage_is_booted_from_its_payload_decompressed_here() {
+        use crate::vmm::payload::tests::{bzimage, compress};
+        let elf = crate::guests::get("demo").unwrap();
+        let entry = {
+            let mem = create_memory(64).unwrap();
+            match load_kernel(&mem, elf).unwrap().entry {
+                Entry::Pvh(e) | Entry::Linux64(e) => e,
+            }
+        };
+        let mem = create_memory(64).unwrap();
+        let image = bzimage(&compress(Format::Zstd, elf));
+        let k = load_kernel(&mem, &image).unwrap();
+        assert_eq!(k.decompressed, Some(Format::Zstd));
+        assert_eq!(
+            k.entry,
+            Entry::Linux64(entry),
+            "the ELF's own entry, 64-bit"
+        );
+        // The bzImage's setup header goes to the zero page.
+        write_boot_info(&mem, &k, "", None, 1, &[]).unwrap();
+        let params: boot_params = mem.read_obj(GuestAddress(ZERO_PAGE_ADDR)).unwrap();
+        assert_eq!({ params.hdr.version }, 0x020f);
+        assert_eq!({ params.hdr.xloadflags }, 1);
+        // A payload lwpvmm cannot read fails with the reason; an unknown
+        // compression is left to the guest (and this fake has no
+        // decompressor: the bzImage loader then loads its code).
+        let mut cut = compress(Format::Gzip, elf);
+        cut.truncate(cut.len() / 2);
+        let err = load_kernel(&mem, &bzimage(&cut)).unwrap_err();
+        assert!(matches!(err, BootError::Payload(_)), "{err}");
+        let unknown = load_kernel(&mem, &bzimage(b"\x01\x02\x03\x04\x05")).unwrap();
+        assert_eq!(unknown.decompressed, None);
+    }
+
+    #[test]
+    fn a_kernel_that_names_cmdline_devices_gets_them_there() {
+        // (kernel bytes, whether it takes virtio devices from its command
+        // line)
+        let ours = [b"\x7fELF...".as_slice(), b"virtio_mmio.device", b"..."].concat();
+        let table: [(&[u8], bool); 3] = [
+            (&ours, true),
+            (crate::guests::get("demo").unwrap(), false),
+            (b"virtio_mmio.devic", false),
+        ];
+        for (bytes, want) in table {
+            assert_eq!(names_cmdline_devices(bytes), want);
+        }
+    }
+
+    #[test]
     fn rejects_what_is_not_a_kernel() {
         let mem = create_memory(16).unwrap();
         let err = load_kernel(&mem, b"definitely not a kernel image, just text").unwrap_err();
@@ -902,8 +1034,10 @@ mod tests {
             entry: Entry::Linux64(0x100_0000),
             end: 0x200_0000,
             setup_header: None,
+            decompressed: None,
+            cmdline_devices: true,
         };
-        write_boot_info(&mem, &k, "quiet", Some(&[1u8; 8192]), 1).unwrap();
+        write_boot_info(&mem, &k, "quiet", Some(&[1u8; 8192]), 1, &[]).unwrap();
         let params: boot_params = mem.read_obj(GuestAddress(ZERO_PAGE_ADDR)).unwrap();
         assert_eq!({ params.hdr.cmd_line_ptr } as u64, CMDLINE_ADDR);
         assert_eq!({ params.hdr.ramdisk_size }, 8192);
@@ -934,9 +1068,11 @@ mod tests {
             entry: Entry::Pvh(0x10_0000),
             end: 0x80_0000,
             setup_header: None,
+            decompressed: None,
+            cmdline_devices: true,
         };
         let big = vec![0u8; 12 << 20];
-        let err = write_boot_info(&mem, &k, "", Some(&big), 1).unwrap_err();
+        let err = write_boot_info(&mem, &k, "", Some(&big), 1, &[]).unwrap_err();
         assert!(matches!(err, BootError::InitramfsTooLarge { .. }), "{err}");
     }
 }

@@ -72,9 +72,7 @@ pub fn build_for_boot(config: &VmConfig) -> Result<Vmm, VmError> {
         None,
     )?;
     let virtio = VirtioBus::create(&machine.vm, &config.disks, &config.nets)?;
-    let mut cmdline = format!("{} {}", config.cmdline, virtio.cmdline())
-        .trim()
-        .to_owned();
+    let mut cmdline = config.cmdline.clone();
     if let Some(program) = &config.program {
         let entry = boot::load_program(&machine.mem, program)?;
         cmdline = format!("{cmdline} entry={entry}").trim().to_owned();
@@ -84,6 +82,7 @@ pub fn build_for_boot(config: &VmConfig) -> Result<Vmm, VmError> {
         machine.vcpus[0].kvm_fd(),
         &config.kernel,
         &cmdline,
+        Some(&virtio),
         config.initramfs.as_deref(),
         config.vcpus,
     )?;
@@ -91,17 +90,29 @@ pub fn build_for_boot(config: &VmConfig) -> Result<Vmm, VmError> {
 }
 
 /// Loads a kernel, writes its boot information and sets the boot vCPU's
-/// registers.
+/// registers. The virtio devices go where the kernel looks for them: on its
+/// command line (`virtio_mmio.device=`) when it names that parameter, as
+/// the project's kernel does, else in the DSDT, as a distribution kernel
+/// finds them.
 fn boot_kernel(
     mem: &GuestMemory,
     boot_vcpu: &VcpuFd,
     image: &[u8],
     cmdline: &str,
+    virtio: Option<&VirtioBus>,
     initramfs: Option<&[u8]>,
     vcpus: u8,
 ) -> Result<(), VmError> {
     let kernel = boot::load_kernel(mem, image)?;
-    boot::write_boot_info(mem, &kernel, cmdline, initramfs, vcpus)?;
+    let (cmdline, devices) = match virtio {
+        Some(virtio) if kernel.cmdline_devices => {
+            let line = format!("{cmdline} {}", virtio.cmdline());
+            (line.trim().to_owned(), Vec::new())
+        }
+        Some(virtio) => (cmdline.to_owned(), virtio.acpi_devices()),
+        None => (cmdline.to_owned(), Vec::new()),
+    };
+    boot::write_boot_info(mem, &kernel, &cmdline, initramfs, vcpus, &devices)?;
     boot::write_gdt(mem)?;
     let sregs = boot_vcpu.get_sregs().map_err(setup("KVM_GET_SREGS"))?;
     let (regs, sregs) = boot::initial_state(kernel.entry, sregs);
@@ -315,7 +326,15 @@ fn probe_step_backend(kvm: &Kvm) -> Result<StepBackend, VmError> {
         None,
     )?;
     let probe = crate::guests::get("stepprobe").unwrap_or_default();
-    boot_kernel(&machine.mem, machine.vcpus[0].kvm_fd(), probe, "", None, 1)?;
+    boot_kernel(
+        &machine.mem,
+        machine.vcpus[0].kvm_fd(),
+        probe,
+        "",
+        None,
+        None,
+        1,
+    )?;
     let vcpu = machine.vcpus[0].kvm();
     vcpu.fd_mut().set_sync_valid_reg(SyncReg::SystemRegister);
     let mut enabled = false;

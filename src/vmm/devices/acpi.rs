@@ -1,6 +1,8 @@
 //! The ACPI tables that describe the machine to a guest kernel: an RSDP, an
-//! XSDT, a FADT pointing at the PM registers (pm.rs), a DSDT that only
-//! names the S5 sleep type, and a MADT listing one local APIC per vCPU
+//! XSDT, a FADT pointing at the PM registers (pm.rs), a DSDT that names the
+//! S5 sleep type and, for a kernel that finds them only there, the virtio
+//! devices (`LNRO0005`, as Firecracker describes virtio-mmio devices on
+//! x86), and a MADT listing one local APIC per vCPU
 //! (APIC ID = vCPU index, as KVM gives its LAPICs and the CPUID topology
 //! says, topology.rs) and the IOAPIC (ioapic.rs); its flags do not claim
 //! 8259 PICs, which the machine does not have. Built with rust-vmm's
@@ -16,7 +18,7 @@
 //! without KVM.
 
 use acpi_tables::Aml;
-use acpi_tables::aml::{Name, Package};
+use acpi_tables::aml::{Device, Interrupt, Memory32Fixed, Name, Package, ResourceTemplate, Scope};
 use acpi_tables::fadt::{FADTBuilder, Flags};
 use acpi_tables::madt::{
     EnabledStatus, IoApic, LocalInterruptController, MADT, ProcessorLocalApic,
@@ -102,12 +104,70 @@ fn fadt(dsdt: u64) -> Vec<u8> {
     bytes(&fadt.finalize())
 }
 
-/// The DSDT: only `_S5`, the sleep type that powers the VM off (pm.rs).
-fn dsdt() -> Vec<u8> {
+/// A virtio-mmio device as the DSDT describes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MmioDevice {
+    /// Its register window's guest-physical address.
+    pub base: u32,
+    /// The window's length.
+    pub len: u32,
+    /// Its interrupt (a GSI of the IOAPIC).
+    pub gsi: u32,
+}
+
+/// The DSDT: `_S5`, the sleep type that powers the VM off (pm.rs), and a
+/// device `Vnnn` under `\_SB` for each of `devices`: `_HID` "LNRO0005"
+/// (Linux's virtio_mmio driver matches it), its window and its
+/// edge-triggered, active-high interrupt in `_CRS`.
+fn dsdt(devices: &[MmioDevice]) -> Vec<u8> {
     let mut dsdt = Sdt::new(*b"DSDT", 36, 6, OEM_ID, *b"LWPVMMDS", OEM_REVISION);
     let typ = SLP_TYP_S5 as u8;
     let mut aml = Vec::new();
     Name::new("_S5_".into(), &Package::new(vec![&typ, &typ, &0u8, &0u8])).to_aml_bytes(&mut aml);
+    if !devices.is_empty() {
+        let names: Vec<String> = (0..devices.len()).map(|i| format!("V{i:03X}")).collect();
+        let uids: Vec<u32> = (0..devices.len() as u32).collect();
+        let windows: Vec<Memory32Fixed> = devices
+            .iter()
+            .map(|d| Memory32Fixed::new(true, d.base, d.len))
+            .collect();
+        let irqs: Vec<Interrupt> = devices
+            .iter()
+            .map(|d| Interrupt::new(true, true, false, false, d.gsi))
+            .collect();
+        let resources: Vec<ResourceTemplate> = windows
+            .iter()
+            .zip(&irqs)
+            .map(|(w, i)| ResourceTemplate::new(vec![w, i]))
+            .collect();
+        let hid = "LNRO0005";
+        let fields: Vec<[Name; 3]> = uids
+            .iter()
+            .zip(&resources)
+            .map(|(uid, crs)| {
+                [
+                    Name::new("_HID".into(), &hid),
+                    Name::new("_UID".into(), uid),
+                    Name::new("_CRS".into(), crs),
+                ]
+            })
+            .collect();
+        let devices: Vec<Device> = names
+            .iter()
+            .zip(&fields)
+            .map(|(name, f)| {
+                Device::new(
+                    name.as_str().into(),
+                    f.iter().map(|n| n as &dyn Aml).collect(),
+                )
+            })
+            .collect();
+        Scope::new(
+            "\\_SB_".into(),
+            devices.iter().map(|d| d as &dyn Aml).collect(),
+        )
+        .to_aml_bytes(&mut aml);
+    }
     dsdt.append_slice(&aml);
     dsdt.as_slice().to_vec()
 }
@@ -117,13 +177,14 @@ fn align(addr: u64) -> u64 {
 }
 
 impl AcpiTables {
-    /// The tables for a machine of `vcpus` vCPUs.
-    pub fn new(vcpus: u8) -> Self {
+    /// The tables for a machine of `vcpus` vCPUs whose DSDT describes
+    /// `devices`.
+    pub fn new(vcpus: u8, devices: &[MmioDevice]) -> Self {
         let xsdt_addr = align(RSDP_ADDR + Rsdp::len() as u64);
         // The XSDT lists two tables; its size is known before they are placed.
         let xsdt_len = 36 + 2 * 8;
         let dsdt_addr = align(xsdt_addr + xsdt_len);
-        let dsdt = dsdt();
+        let dsdt = dsdt(devices);
         let fadt_addr = align(dsdt_addr + dsdt.len() as u64);
         let fadt = fadt(dsdt_addr);
         let madt_addr = align(fadt_addr + fadt.len() as u64);
@@ -193,7 +254,7 @@ mod tests {
     #[test]
     fn the_tables_chain_from_the_rsdp_and_check_out() {
         for vcpus in [1u8, 2, 4, 254] {
-            let t = AcpiTables::new(vcpus);
+            let t = AcpiTables::new(vcpus, &[]);
             assert!(t.end() <= ACPI_END, "{vcpus}: tables fit the area");
             let rsdp = table(&t, RSDP_ADDR);
             assert_eq!(&rsdp[..8], b"RSD PTR ");
@@ -238,9 +299,58 @@ mod tests {
     }
 
     #[test]
+    fn the_dsdt_describes_each_virtio_device_as_firecracker_does() {
+        let devices = [
+            MmioDevice {
+                base: 0xd000_0000,
+                len: 0x1000,
+                gsi: 5,
+            },
+            MmioDevice {
+                base: 0xd000_1000,
+                len: 0x1000,
+                gsi: 6,
+            },
+        ];
+        let t = AcpiTables::new(2, &devices);
+        let rsdp = table(&t, RSDP_ADDR);
+        let xsdt = table(&t, u64_at(rsdp, 24));
+        let fadt = table(&t, u64_at(xsdt, 36));
+        let dsdt = table(&t, u64_at(fadt, 140));
+        assert_eq!(sum(dsdt), 0);
+        assert_eq!(u32_at(dsdt, 4) as usize, dsdt.len());
+        assert!(t.end() <= ACPI_END);
+        let find = |needle: &[u8]| dsdt.windows(needle.len()).filter(|w| *w == needle).count();
+        assert_eq!(find(b"LNRO0005\0"), 2, "a _HID string each");
+        assert_eq!(find(b"_SB_"), 1, "under \\_SB");
+        for (i, d) in devices.iter().enumerate() {
+            assert_eq!(find(format!("V{i:03X}").as_bytes()), 1);
+            // Memory32Fixed (ReadWrite, base, length).
+            let mut window = vec![0x86, 9, 0, 1];
+            window.extend_from_slice(&d.base.to_le_bytes());
+            window.extend_from_slice(&d.len.to_le_bytes());
+            assert_eq!(find(&window), 1, "device {i}'s window");
+            // Interrupt (ResourceConsumer, Edge, ActiveHigh, Exclusive).
+            let mut irq = vec![0x89, 6, 0, 0b0011, 1];
+            irq.extend_from_slice(&d.gsi.to_le_bytes());
+            assert_eq!(find(&irq), 1, "device {i}'s interrupt");
+        }
+        // Without devices the DSDT is as before: `_S5` alone.
+        let plain = AcpiTables::new(2, &[]);
+        let fadt = table(
+            &plain,
+            u64_at(table(&plain, u64_at(table(&plain, RSDP_ADDR), 24)), 36),
+        );
+        assert_eq!(
+            &table(&plain, u64_at(fadt, 140))[36..],
+            b"\x08_S5_\x12\x08\x04\x0a\x05\x0a\x05\x00\x00"
+        );
+    }
+
+    #[test]
     fn the_madt_lists_every_vcpu_and_the_ioapic() {
         for vcpus in [1u8, 2, 3, 4, 254] {
-            let t = AcpiTables::new(vcpus);
+            let t = AcpiTables::new(vcpus, &[]);
             let madt = table(&t, t.tables[4].0);
             assert_eq!(&madt[..4], b"APIC");
             assert_eq!(u32_at(madt, 36), LAPIC_ADDR);

@@ -49,6 +49,12 @@ const KBD_RESET: u8 = 0xfe;
 /// are dropped and reads are all ones, which is how Linux's probe tells
 /// that there is no PIC, without a warning for each.
 const PIC_PORTS: [u16; 4] = [0x20, 0x21, 0xa0, 0xa1];
+/// The PCI configuration mechanisms' ports (CONFIG_ADDRESS at 0xCF8,
+/// CONFIG_DATA at 0xCFC, mechanism 2's at 0xCFA and 0xCFB). The machine
+/// has no PCI bus, as a PC without a host bridge: writes are dropped and
+/// reads are all ones, so a distribution kernel's probes (type 1, then
+/// type 2) find no bus, without a warning for each.
+const PCI_CONFIG_PORTS: std::ops::RangeInclusive<u16> = 0xcf8..=0xcff;
 
 /// Where the guest's serial output goes.
 #[derive(Debug, Clone)]
@@ -274,7 +280,7 @@ impl PortBus {
                 self.pit.write(p, value, self.since.elapsed());
                 PortAction::Handled
             }
-            p if PIC_PORTS.contains(&p) => PortAction::Handled,
+            p if PIC_PORTS.contains(&p) || PCI_CONFIG_PORTS.contains(&p) => PortAction::Handled,
             KBD_COMMAND_PORT if value == KBD_RESET => PortAction::End(GuestEnd::Reboot),
             KBD_COMMAND_PORT | KBD_DATA_PORT => PortAction::Handled,
             POWER_PORT => match PowerOp::try_from(value) {
@@ -299,7 +305,7 @@ impl PortBus {
                 data.fill(v);
                 PortAction::Handled
             }
-            p if PIC_PORTS.contains(&p) => {
+            p if PIC_PORTS.contains(&p) || PCI_CONFIG_PORTS.contains(&p) => {
                 data.fill(0xff);
                 PortAction::Handled
             }
@@ -415,6 +421,12 @@ mod tests {
             (0x21, 0xff),
             (0xa0, 0xff),
             (0xa1, 0xff),
+            // No PCI bus: CONFIG_ADDRESS does not keep what is written,
+            // CONFIG_DATA reads as no device.
+            (0xcf8, 0xff),
+            (0xcfa, 0xff),
+            (0xcfc, 0xff),
+            (0xcff, 0xff),
             // The idle i8042: nothing to read, input buffer empty.
             (0x60, 0),
             (0x64, 0),

@@ -19,6 +19,7 @@ use super::mmio::{MmioTransport, REG_QUEUE_NOTIFY, TransportState, VirtioDevice}
 use super::net::{self, Net};
 use crate::guard::GuestMemory;
 use crate::vmm::base::metrics::VcpuMetrics;
+use crate::vmm::devices::acpi::MmioDevice;
 
 /// One device in a snapshot.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -259,6 +260,18 @@ impl VirtioBus {
             .map(|s| format!("virtio_mmio.device=4K@{:#x}:{}", s.base, s.gsi))
             .collect::<Vec<_>>()
             .join(" ")
+    }
+
+    /// The devices as the DSDT describes them.
+    pub fn acpi_devices(&self) -> Vec<MmioDevice> {
+        self.slots
+            .iter()
+            .map(|s| MmioDevice {
+                base: s.base as u32,
+                len: WINDOW as u32,
+                gsi: s.gsi,
+            })
+            .collect()
     }
 
     fn slot(&self, addr: u64) -> Option<(&Slot, u64)> {
