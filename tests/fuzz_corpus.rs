@@ -37,3 +37,32 @@ fn snapshot_seeds_are_in_the_current_format() {
         "seeds with LWP state reach the LWP checks: {current:?}"
     );
 }
+
+/// The payload seeds include bzImages whose payloads the standard tools
+/// made (gzip, xz with the x86 filter, lzma, bzip2, `zstd -19`, `lz4 -l`,
+/// `lzop`): a seed of every format decompresses to its ELF.
+#[test]
+fn payload_seeds_decompress_in_every_format() {
+    use lwpvmm::vmm::payload::{Format, decompress};
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/payload");
+    let mut formats = Vec::new();
+    for entry in std::fs::read_dir(&dir).expect("fuzz/corpus/payload") {
+        let path = entry.unwrap().path();
+        if let Ok(kernel) = decompress(&std::fs::read(&path).unwrap())
+            && kernel.bytes.starts_with(b"\x7fELF")
+        {
+            formats.push(kernel.format);
+        }
+    }
+    for format in [
+        Format::Gzip,
+        Format::Xz,
+        Format::Lzma,
+        Format::Bzip2,
+        Format::Zstd,
+        Format::Lz4,
+        Format::Lzo,
+    ] {
+        assert!(formats.contains(&format), "no {format} seed: {formats:?}");
+    }
+}

@@ -72,7 +72,7 @@ pub(crate) fn compress(format: Format, plain: &[u8]) -> Vec<u8> {
             out.push(0);
             out.extend_from_slice(&[0; 4]);
             for chunk in plain.chunks(256 << 10) {
-                let block = lzokay_native::compress(chunk).unwrap();
+                let block = lzo1x::compress(chunk, lzo1x::CompressLevel::default());
                 out.extend_from_slice(&(chunk.len() as u32).to_be_bytes());
                 out.extend_from_slice(&(block.len() as u32).to_be_bytes());
                 out.extend_from_slice(&[0; 4]);
