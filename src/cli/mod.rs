@@ -84,10 +84,13 @@ pub struct RunArgs {
     #[arg(long)]
     pub initramfs: Option<PathBuf>,
     /// The kernel command line. The default suits the Linux guest kernel
-    /// of resources/linux (docs/linux-guest.md says why each part is there)
-    /// and, with --disk, boots from the first disk (`root=/dev/vda
-    /// init=/init`); lwpvmm's own test guests ignore it. lwpvmm appends the
-    /// `virtio_mmio.device=` entries of the devices to any command line.
+    /// of resources/linux, or, for any other kernel (a distribution's), one
+    /// that keeps it off what this host's emulated CPL0 makes slow
+    /// (docs/linux-guest.md says why each part is there); with --disk it
+    /// boots from the first disk (`root=/dev/vda`); lwpvmm's own test
+    /// guests ignore it. For a kernel that takes them there, lwpvmm appends
+    /// the `virtio_mmio.device=` entries of the devices to any command
+    /// line; others find the devices in the ACPI DSDT.
     #[arg(long)]
     pub cmdline: Option<String>,
     /// A raw disk image as a virtio block device: PATH, or PATH,ro to
@@ -606,20 +609,19 @@ fn api_host(
 pub fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
     match cli.command {
         Command::Run(args) => {
+            let kernel = read("kernel", &args.kernel)?;
+            let cmdline = args.cmdline.clone().unwrap_or_else(|| {
+                let root = args.disks.first().map(|d| d.read_only);
+                crate::vmm::boot::default_cmdline(&kernel, root)
+            });
             let config = VmConfig {
-                kernel: read("kernel", &args.kernel)?,
+                kernel,
                 initramfs: args
                     .initramfs
                     .as_ref()
                     .map(|p| read("initramfs", p))
                     .transpose()?,
-                cmdline: args
-                    .cmdline
-                    .clone()
-                    .unwrap_or_else(|| match args.disks.first() {
-                        Some(root) => crate::vmm::boot::disk_cmdline(root.read_only),
-                        None => crate::vmm::boot::LINUX_CMDLINE.to_owned(),
-                    }),
+                cmdline,
                 memory_mib: args.memory,
                 vcpus: args.vcpus,
                 profile: args.lwp.into(),

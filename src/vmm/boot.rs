@@ -59,7 +59,47 @@ const CMDLINE_MAX: usize = 4096;
 pub const LINUX_CMDLINE: &str = "console=ttyS0 reboot=k panic=-1 rdinit=/init nopti nokaslr \
      clearcpuid=145,150,151,154,288,291,296,297,298,308,534,580 \
      no_timer_check nompscan rodata=off noreplace-smp percpu_alloc=page";
-/// The command line that boots the same kernel from the first disk
+/// The default command line of `lwpvmm run` for any other kernel (a
+/// distribution's): the console and the VM's end as for ours, and what keeps
+/// it off the paths a host that emulates guest CPL0 makes slow or cannot
+/// run: no crypto self-tests (`cryptomgr.notests`: over 20 minutes of
+/// emulated generic C), the CPU features whose instructions the emulator
+/// lacks hidden, and the command-line choices of our own kernel that cost
+/// nothing on ordinary KVM. docs/linux-guest.md ("The command line") has
+/// each part.
+pub const STOCK_CMDLINE: &str = "console=ttyS0 reboot=k panic=-1 cryptomgr.notests \
+     clearcpuid=145,150,151,154,288,291,296,297,298,308,534,580 \
+     no_timer_check rodata=off noreplace-smp percpu_alloc=page";
+
+/// What the project's build of its Linux guest leaves in the kernel's
+/// banner (resources/linux/build.sh's KBUILD_BUILD_USER and _HOST), in a
+/// vmlinux and in a bzImage's uncompressed `kernel_version` string alike.
+const OUR_BUILD: &[u8] = b"(lwpvmm@lwpvmm)";
+
+/// Whether `image` is the project's own kernel build.
+pub fn is_our_build(image: &[u8]) -> bool {
+    memchr::memmem::find(image, OUR_BUILD).is_some()
+}
+
+/// `lwpvmm run`'s default command line for `image`: ours for the project's
+/// kernel, [`STOCK_CMDLINE`] for any other; with a root disk, booting from
+/// the first disk (/dev/vda), read-only when the disk is.
+pub fn default_cmdline(image: &[u8], root: Option<bool>) -> String {
+    let ours = is_our_build(image);
+    let base = if ours { LINUX_CMDLINE } else { STOCK_CMDLINE };
+    match root {
+        None => base.to_owned(),
+        Some(read_only) => {
+            let mode = if read_only { "ro" } else { "rw" };
+            // Our root file system's /init is the self-test; another
+            // kernel's root boots its own init.
+            let init = if ours { " init=/init" } else { "" };
+            format!("{base} root=/dev/vda {mode}{init}")
+        }
+    }
+}
+
+/// The command line that boots the project's kernel from the first disk
 /// (/dev/vda) instead of an initramfs, mounted read-only when the disk is.
 pub fn disk_cmdline(read_only: bool) -> String {
     let mode = if read_only { "ro" } else { "rw" };
@@ -1002,6 +1042,26 @@ mod tests {
         assert!(matches!(err, BootError::Payload(_)), "{err}");
         let unknown = load_kernel(&mem, &bzimage(b"\x01\x02\x03\x04\x05")).unwrap();
         assert_eq!(unknown.decompressed, None);
+    }
+
+    #[test]
+    fn another_kernel_gets_a_command_line_of_its_own() {
+        let ours = [b"Linux version 6.1.1 ".as_slice(), OUR_BUILD, b" (gcc)"].concat();
+        let debian = b"Linux version 6.1.0-57-amd64 (debian-kernel@lists.debian.org)".to_vec();
+        // (kernel, root disk, the line)
+        let table = [
+            (&ours, None, LINUX_CMDLINE.to_owned()),
+            (&ours, Some(true), disk_cmdline(true)),
+            (&debian, None, STOCK_CMDLINE.to_owned()),
+            (
+                &debian,
+                Some(false),
+                format!("{STOCK_CMDLINE} root=/dev/vda rw"),
+            ),
+        ];
+        for (kernel, root, want) in table {
+            assert_eq!(default_cmdline(kernel, root), want);
+        }
     }
 
     #[test]
