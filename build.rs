@@ -41,6 +41,7 @@ const GUESTS: &[&str] = &[
     "pku",
     "virtio_hostile",
     "compat32",
+    "kernel_insn",
 ];
 
 /// Guests that share another guest's CPL0 part: (guest, assembly source).

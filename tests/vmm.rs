@@ -133,6 +133,33 @@ fn lwp_msrs_follow_the_model() {
     passes("msr", LwpProfile::Off);
 }
 
+/// LDMXCSR, STMXCSR, VERR, VERW and LOCK CMPXCHG16B at CPL0 give what the
+/// CPU gives, through the real vCPU thread and its seccomp filter: where
+/// the host's emulator lacks them (kvm_pvm) lwpvmm carries them out and
+/// counts them; where the CPU runs CPL0 they never exit.
+#[test]
+fn cpl0_instructions_the_host_emulator_lacks_give_what_the_cpu_gives() {
+    let (outcome, text) = boot("kernel_insn", LwpProfile::Off, GuestLwpSupport::Shim, "");
+    let t = &outcome.metrics.total;
+    eprintln!(
+        "carried out by lwpvmm: {} MXCSR, {} VERR/VERW, {} CMPXCHG16B",
+        t.cpl0_mxcsr, t.cpl0_verw, t.cpl0_cmpxchg16b
+    );
+    assert!(
+        text.contains(" passed, 0 failed") && outcome.end == VmEnd::Guest(GuestEnd::ExitPort(0)),
+        "{text}"
+    );
+    // Each counter is all or nothing: the host's emulator lacks an
+    // instruction or runs it.
+    for (what, n, all) in [
+        ("MXCSR", t.cpl0_mxcsr, 2),
+        ("VERR/VERW", t.cpl0_verw, 5),
+        ("CMPXCHG16B", t.cpl0_cmpxchg16b, 2),
+    ] {
+        assert!(n == 0 || n == all, "{what}: {n} of {all} carried out");
+    }
+}
+
 #[test]
 fn each_lwp_instruction_through_the_shim() {
     let outcome = passes("insn", LwpProfile::Emulated);

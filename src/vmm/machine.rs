@@ -209,6 +209,7 @@ pub fn create(
             tsc_offset,
             PagingSource::new(&seen),
             (u32::from(id) < THRESHOLD_LINES).then(|| THRESHOLD_GSI + u32::from(id)),
+            xsave_size,
         );
         vcpus.push(Vcpu::new(kvm_vcpu, table, lwp, tsc_khz));
     }

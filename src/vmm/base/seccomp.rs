@@ -202,6 +202,7 @@ ioctl_iow_nr!(KVM_SET_REGS, KVMIO, 0x82, kvm_bindings::kvm_regs);
 ioctl_ior_nr!(KVM_GET_SREGS, KVMIO, 0x83, kvm_bindings::kvm_sregs);
 ioctl_iow_nr!(KVM_SET_SREGS, KVMIO, 0x84, kvm_bindings::kvm_sregs);
 ioctl_iowr_nr!(KVM_GET_MSRS, KVMIO, 0x88, kvm_bindings::kvm_msrs);
+ioctl_iow_nr!(KVM_SET_XSAVE, KVMIO, 0xa5, kvm_bindings::kvm_xsave);
 ioctl_ior_nr!(KVM_GET_LAPIC, KVMIO, 0x8e, kvm_bindings::kvm_lapic_state);
 ioctl_ior_nr!(KVM_GET_MP_STATE, KVMIO, 0x98, kvm_bindings::kvm_mp_state);
 ioctl_iow_nr!(
@@ -253,6 +254,10 @@ pub fn ioctls(kind: ThreadKind) -> Vec<(&'static str, u64)> {
             ("KVM_IRQ_LINE", KVM_IRQ_LINE()),
             // The guest programmed the IOAPIC (ioapic.rs).
             ("KVM_SET_GSI_ROUTING", KVM_SET_GSI_ROUTING()),
+            // MXCSR, for the CPL0 LDMXCSR and STMXCSR lwpvmm carries out
+            // (vcpu/kernel_insn.rs), read with KVM_GET_XSAVE and written
+            // after KVM_GET_XSAVE2.
+            ("KVM_SET_XSAVE", KVM_SET_XSAVE()),
             // PKRU, for the guard's protection-key checks under CR4.PKE.
             ("KVM_GET_XSAVE", KVM_GET_XSAVE()),
             // Saving the vCPU's state for a snapshot.
@@ -521,6 +526,8 @@ mod tests {
             ("KVM_SET_GSI_ROUTING", 0x4008_ae6a),
             ("KVM_GET_CLOCK", 0x8030_ae7c),
             ("KVM_GET_VCPU_EVENTS", 0x8040_ae9f),
+            // What the CPL0 LDMXCSR lwpvmm carries out writes.
+            ("KVM_SET_XSAVE", 0x5000_aea5),
         ];
         let all: Vec<(&str, u64)> = ioctls(ThreadKind::Vcpu)
             .into_iter()

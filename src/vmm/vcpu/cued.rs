@@ -187,8 +187,8 @@ impl VcpuOps for CuedVcpu {
         Ok(())
     }
 
-    fn mxcsr(&self) -> Result<u32, VcpuError> {
-        Ok(0x1f80)
+    fn mxcsr(&self) -> Result<(u32, u32), VcpuError> {
+        Ok((0x1f80, 0xffff))
     }
 
     fn set_mxcsr(&mut self, _value: u32) -> Result<(), VcpuError> {

@@ -4,9 +4,9 @@
 //! CPU would, and the guest goes on. A distribution kernel meets them on its
 //! way to userspace (docs/linux-guest.md, "What lwpvmm emulates for it"):
 //!
-//! - LDMXCSR and STMXCSR (`kernel_fpu_begin_mask`): through the vCPU's FPU
-//!   state; #UD without CR4.OSFXSR or with CR0.EM, #NM with CR0.TS, #GP for
-//!   reserved MXCSR bits.
+//! - LDMXCSR and STMXCSR (`kernel_fpu_begin_mask`): through the vCPU's
+//!   XSAVE image; #UD without CR4.OSFXSR or with CR0.EM, #NM with CR0.TS,
+//!   #GP for bits outside its MXCSR_MASK.
 //! - VERR and VERW (VERW is the MDS mitigation's buffer clear): the selector
 //!   is checked as the architecture says and only ZF changes; a VM has no
 //!   CPU buffers of its own to clear.
@@ -37,9 +37,10 @@ const CR0_EM: u64 = 1 << 2;
 const CR0_TS: u64 = 1 << 3;
 /// CR4.OSFXSR: the OS saves SSE state; without it SSE instructions #UD.
 const CR4_OSFXSR: u64 = 1 << 9;
-/// The MXCSR bits a load may set: every CPU lwpvmm runs on has DAZ (bit
-/// 6), so the mask FXSAVE reports is 0xFFFF; a set bit above is #GP.
-const MXCSR_MASK: u32 = 0xffff;
+/// The MXCSR_MASK of a processor whose FXSAVE image reports 0: every bit
+/// but DAZ (bit 6) up to 15 (Intel SDM, "Guidelines for Writing to the
+/// MXCSR Register").
+const MXCSR_MASK_DEFAULT: u32 = 0xffbf;
 
 /// The instructions this module carries out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,8 +137,9 @@ fn mxcsr(
         Ok(at) => at,
         Err(fault) => return Ok(Err(fault)),
     };
+    let (current, mask) = vcpu.mxcsr()?;
     if mnemonic == KernelMnemonic::Stmxcsr {
-        let value = vcpu.mxcsr()?;
+        let value = current;
         return Ok(view
             .write(at, &value.to_le_bytes(), Access::SupervisorWrite)
             .map_err(|e| e.fault()));
@@ -147,7 +149,8 @@ fn mxcsr(
         return Ok(Err(e.fault()));
     }
     let value = u32::from_le_bytes(raw);
-    if value & !MXCSR_MASK != 0 {
+    let mask = if mask == 0 { MXCSR_MASK_DEFAULT } else { mask };
+    if value & !mask != 0 {
         return Ok(Err(GuestFault::GeneralProtection));
     }
     vcpu.set_mxcsr(value)?;

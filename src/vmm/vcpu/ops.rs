@@ -78,10 +78,10 @@ pub trait VcpuOps {
     fn raise_threshold_line(&self) -> Result<(), String>;
     /// The guest's MSR `index` (KERNEL_GS_BASE, LSTAR), as KVM keeps it.
     fn msr(&self, index: u32) -> Result<u64, String>;
-    /// The guest's MXCSR (KVM_GET_FPU).
-    fn mxcsr(&self) -> Result<u32, VcpuError>;
-    /// Sets the guest's MXCSR (KVM_SET_FPU), keeping the rest of its FPU
-    /// state.
+    /// The guest's MXCSR and MXCSR_MASK (the bits a load may set), from its
+    /// XSAVE image.
+    fn mxcsr(&self) -> Result<(u32, u32), VcpuError>;
+    /// Sets the guest's MXCSR, keeping the rest of its FPU state.
     fn set_mxcsr(&mut self, value: u32) -> Result<(), VcpuError>;
     /// The emulation failure of an internal-error exit.
     fn emulation_failure(&mut self) -> EmulationFailure;
@@ -130,12 +130,20 @@ pub struct KvmVcpu {
     tsc_offset: i64,
     paging: PagingSource,
     threshold_gsi: Option<u32>,
+    /// The VM's XSAVE size (KVM_CAP_XSAVE2).
+    xsave_size: usize,
 }
+
+/// MXCSR's and MXCSR_MASK's 32-bit words in an XSAVE image (its legacy
+/// FXSAVE region, bytes 24 and 28).
+const XSAVE_MXCSR: usize = 6;
+const XSAVE_MXCSR_MASK: usize = 7;
 
 impl KvmVcpu {
     /// `tsc_offset` turns the host TSC into the guest's; `paging` comes from
     /// the CPUID the guest sees; `threshold_gsi` is the GSI of the vCPU's
-    /// threshold line, when it has one.
+    /// threshold line, when it has one; `xsave_size` is the VM's XSAVE
+    /// size (KVM_CAP_XSAVE2).
     pub fn new(
         fd: VcpuFd,
         vm: Arc<VmFd>,
@@ -143,6 +151,7 @@ impl KvmVcpu {
         tsc_offset: i64,
         paging: PagingSource,
         threshold_gsi: Option<u32>,
+        xsave_size: usize,
     ) -> Self {
         KvmVcpu {
             fd,
@@ -151,6 +160,7 @@ impl KvmVcpu {
             tsc_offset,
             paging,
             threshold_gsi,
+            xsave_size,
         }
     }
 
@@ -303,17 +313,28 @@ impl VcpuOps for KvmVcpu {
         }
     }
 
-    fn mxcsr(&self) -> Result<u32, VcpuError> {
-        self.fd
-            .get_fpu()
-            .map(|fpu| fpu.mxcsr)
-            .map_err(self.ioctl("KVM_GET_FPU"))
+    // MXCSR through the XSAVE image, not KVM_GET_FPU/KVM_SET_FPU: under
+    // kvm_pvm (host 6.18) those read MXCSR as 0 and drop a new value, while
+    // the XSAVE image holds the guest's.
+    fn mxcsr(&self) -> Result<(u32, u32), VcpuError> {
+        let x = self.fd.get_xsave().map_err(self.ioctl("KVM_GET_XSAVE"))?;
+        Ok((x.region[XSAVE_MXCSR], x.region[XSAVE_MXCSR_MASK]))
     }
 
     fn set_mxcsr(&mut self, value: u32) -> Result<(), VcpuError> {
-        let mut fpu = self.fd.get_fpu().map_err(self.ioctl("KVM_GET_FPU"))?;
-        fpu.mxcsr = value;
-        self.fd.set_fpu(&fpu).map_err(self.ioctl("KVM_SET_FPU"))
+        let mut xsave =
+            vcpu_state::xsave_buffer(self.xsave_size).map_err(|_| VcpuError::Buffer {
+                vcpu: self.id,
+                what: "XSAVE",
+            })?;
+        // SAFETY: the buffer was sized from KVM_CAP_XSAVE2 on this VM, which
+        // is what KVM_GET_XSAVE2 writes and KVM_SET_XSAVE reads.
+        unsafe { self.fd.get_xsave2(&mut xsave) }.map_err(self.ioctl("KVM_GET_XSAVE2"))?;
+        // SAFETY: only the fixed region's MXCSR word is written through this
+        // reference; the flexible array is untouched.
+        unsafe { xsave.as_mut_fam_struct() }.xsave.region[XSAVE_MXCSR] = value;
+        // SAFETY: as for KVM_GET_XSAVE2 above.
+        unsafe { self.fd.set_xsave2(&xsave) }.map_err(self.ioctl("KVM_SET_XSAVE"))
     }
 
     fn emulation_failure(&mut self) -> EmulationFailure {

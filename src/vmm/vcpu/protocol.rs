@@ -30,6 +30,14 @@ pub enum VcpuError {
         /// The error.
         source: kvm_ioctls::Error,
     },
+    /// A KVM buffer could not be built.
+    #[error("vCPU {vcpu}: cannot build the {what} buffer")]
+    Buffer {
+        /// The vCPU.
+        vcpu: u8,
+        /// The buffer.
+        what: &'static str,
+    },
     /// An exit lwpvmm does not handle.
     #[error("vCPU {vcpu}: unhandled exit {exit} at RIP {rip:#x}{bytes}")]
     Unhandled {

@@ -84,6 +84,8 @@ pub struct FakeVcpu {
     pub lstar: u64,
     /// MXCSR (its reset value 0x1F80 at the start).
     pub mxcsr: u32,
+    /// MXCSR_MASK (0xFFFF: DAZ supported).
+    pub mxcsr_mask: u32,
     pub single_step: Option<bool>,
     pub failure: EmulationFailure,
     pub tsc: u64,
@@ -137,8 +139,8 @@ impl VcpuOps for FakeVcpu {
         Ok(())
     }
 
-    fn mxcsr(&self) -> Result<u32, VcpuError> {
-        Ok(self.mxcsr)
+    fn mxcsr(&self) -> Result<(u32, u32), VcpuError> {
+        Ok((self.mxcsr, self.mxcsr_mask))
     }
 
     fn set_mxcsr(&mut self, value: u32) -> Result<(), VcpuError> {
@@ -248,6 +250,7 @@ impl Rig {
             kernel_gs_base: 0,
             lstar: 0,
             mxcsr: 0x1f80,
+            mxcsr_mask: 0xffff,
             single_step: None,
             failure: EmulationFailure {
                 suberror: 1,

@@ -56,7 +56,8 @@ fn ioctl(what: &'static str) -> impl Fn(kvm_ioctls::Error) -> VcpuStateError {
     move |source| VcpuStateError::Ioctl { what, source }
 }
 
-fn xsave_buffer(size: usize) -> Result<Xsave, VcpuStateError> {
+/// An XSAVE buffer of the VM's XSAVE `size` (KVM_CAP_XSAVE2).
+pub(crate) fn xsave_buffer(size: usize) -> Result<Xsave, VcpuStateError> {
     let fam = size.saturating_sub(XSAVE_HEADER_BYTES).div_ceil(4);
     Xsave::new(fam).map_err(|_| VcpuStateError::Buffer("XSAVE"))
 }
