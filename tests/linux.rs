@@ -28,9 +28,14 @@ use common::{Console, RUN_LIMIT, linux, output_within, require_kvm};
 const SYSENTRY: &str = "ok - /sysentry: patch 0001 runs only real SYSCALLs, with user flags";
 
 fn run_linux(extra: &[&str]) -> (Output, Console) {
+    run_image("vmlinux", extra)
+}
+
+/// As [`run_linux`], booting the kernel file `image` of the guest's build.
+fn run_image(image: &str, extra: &[&str]) -> (Output, Console) {
     require_kvm();
     let dir = linux();
-    let kernel = dir.join("vmlinux");
+    let kernel = dir.join(image);
     let initramfs = dir.join("initramfs.cpio");
     let mut args = vec![
         "run",
@@ -714,21 +719,7 @@ fn a_bzimage_boots_from_its_payload_decompressed_on_the_host() {
             "{file} holds another kernel than vmlinuz"
         );
     }
-    let kernel = dir.join("vmlinuz");
-    let initramfs = dir.join("initramfs.cpio");
-    let out = output_within(
-        common::command().args([
-            "run",
-            "--kernel",
-            kernel.to_str().expect("UTF-8 path"),
-            "--initramfs",
-            initramfs.to_str().expect("UTF-8 path"),
-            "--memory",
-            "64",
-        ]),
-        RUN_LIMIT,
-    );
-    let console = Console::of(&out);
+    let (out, console) = run_image("vmlinuz", &[]);
     assert_eq!(out.status.code(), Some(0), "{console}");
     assert!(
         !console.contains("Decompressing Linux"),
