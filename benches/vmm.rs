@@ -1245,6 +1245,75 @@ fn stock_kernel() {
     );
 }
 
+/// Issue 31's item 6 asks first whether a KVM guest-debug hardware
+/// breakpoint fires in CPL0 code that the host's emulator runs.
+fn stock_kernel_breakpoint() {
+    let hit = |at: bool| if at { "hit" } else { "missed" };
+    match hw_breakpoints() {
+        Some((cpl0, cpl3)) => println!(
+            "guest-debug hardware breakpoint: CPL0 (emulated here) {}, CPL3 {}",
+            hit(cpl0),
+            hit(cpl3)
+        ),
+        None => println!("guest-debug hardware breakpoint: the probe did not run"),
+    }
+}
+
+/// Whether a KVM guest-debug hardware breakpoint (DR0, execute) stops the
+/// `cplprobe` guest at its first CPL0 instruction (`kernel_hook`) and at
+/// its first CPL3 one (`main`): each run on a bare VM as tests/cpl.rs
+/// drives it, to the guest's end.
+fn hw_breakpoints() -> Option<(bool, bool)> {
+    use kvm_ioctls::{Kvm, VcpuExit};
+    use lwpvmm::vmm::boot;
+    let image = lwpvmm::guests::get("cplprobe")?;
+    let symbols = lwpvmm::profile::objects::Symbols::from_elf(image).ok()?;
+    let run = |at: u64| -> Option<bool> {
+        let kvm = Kvm::new().ok()?;
+        let vm = kvm.create_vm().ok()?;
+        let mem = boot::create_memory(64).ok()?;
+        lwpvmm::vmm::machine::register_memory(&vm, &mem).ok()?;
+        vm.set_tss_address(0xfffb_d000).ok()?;
+        vm.create_irq_chip().ok()?;
+        let mut vcpu = vm.create_vcpu(0).ok()?;
+        let cpuid = kvm
+            .get_supported_cpuid(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
+            .ok()?;
+        vcpu.set_cpuid2(&cpuid).ok()?;
+        let kernel = boot::load_kernel(&mem, image).ok()?;
+        boot::write_boot_info(&mem, &kernel, "", None, 1, &[]).ok()?;
+        boot::write_gdt(&mem).ok()?;
+        let (regs, sregs) = boot::initial_state(kernel.entry, vcpu.get_sregs().ok()?);
+        vcpu.set_sregs(&sregs).ok()?;
+        vcpu.set_regs(&regs).ok()?;
+        let mut debug = kvm_bindings::kvm_guest_debug {
+            control: kvm_bindings::KVM_GUESTDBG_ENABLE | kvm_bindings::KVM_GUESTDBG_USE_HW_BP,
+            ..Default::default()
+        };
+        debug.arch.debugreg[0] = at;
+        // DR7: L0, an execute breakpoint of one byte.
+        debug.arch.debugreg[7] = 0x401;
+        vcpu.set_guest_debug(&debug).ok()?;
+        let mut hit = false;
+        loop {
+            match vcpu.run().ok()? {
+                VcpuExit::Debug(d) => {
+                    hit |= d.pc == at;
+                    vcpu.set_guest_debug(&kvm_bindings::kvm_guest_debug::default())
+                        .ok()?;
+                }
+                VcpuExit::IoOut(0xf4, _) => return Some(hit),
+                VcpuExit::IoOut(..) | VcpuExit::IoIn(..) => {}
+                _ => return None,
+            }
+        }
+    };
+    Some((
+        run(symbols.address_of("kernel_hook")?)?,
+        run(symbols.address_of("main")?)?,
+    ))
+}
+
 /// Records per second of the Linux guest's `lwp-rate` with `procs`
 /// processes on `vcpus` vCPUs, from its own line.
 fn lwp_rate(kernel: &str, initramfs: &str, vcpus: u8, procs: u8) -> Option<f64> {
@@ -1725,7 +1794,7 @@ fn main() {
         .skip(1)
         .filter(|a| !a.starts_with('-'))
         .collect();
-    let sections: [(&str, fn()); 11] = [
+    let sections: [(&str, fn()); 12] = [
         ("round_trips", round_trips),
         ("starts", starts),
         ("snapshots", snapshots),
@@ -1737,6 +1806,7 @@ fn main() {
         ("smp", smp),
         ("devices", devices),
         ("stock_kernel", stock_kernel),
+        ("stock_kernel_breakpoint", stock_kernel_breakpoint),
     ];
     for (name, section) in sections {
         if filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str())) {
