@@ -388,6 +388,15 @@ pub fn read(gzipped: &[u8]) -> io::Result<Profile> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A profile's sample types as (type, unit) names, in order.
+    fn sample_types(p: &Profile) -> Vec<(&str, &str)> {
+        let s = |i: i64| p.string_table[i as usize].as_str();
+        p.sample_type
+            .iter()
+            .map(|t| (s(t.r#type), s(t.unit)))
+            .collect()
+    }
     use crate::profile::objects::Symbols;
     use crate::profile::trace::{MappingLine, TraceRecord};
 
@@ -436,11 +445,7 @@ mod tests {
         let p = read(&gz).unwrap();
         let s = |i: i64| p.string_table[i as usize].as_str();
         assert_eq!(p.string_table[0], "");
-        let types: Vec<(&str, &str)> = p
-            .sample_type
-            .iter()
-            .map(|t| (s(t.r#type), s(t.unit)))
-            .collect();
+        let types = sample_types(&p);
         assert_eq!(
             types,
             [
@@ -536,11 +541,7 @@ mod tests {
         let p = profile(&tally, &resolver, timing, "a test");
         let s = |i: i64| p.string_table[i as usize].as_str();
         // (type, unit) in order: one count per EventId, then guest time.
-        let types: Vec<(&str, &str)> = p
-            .sample_type
-            .iter()
-            .map(|t| (s(t.r#type), s(t.unit)))
-            .collect();
+        let types = sample_types(&p);
         assert_eq!(
             types,
             [

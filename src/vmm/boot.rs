@@ -89,25 +89,29 @@ pub fn is_our_build(image: &[u8]) -> bool {
 /// kernel, [`STOCK_CMDLINE`] for any other; with a root disk, booting from
 /// the first disk (/dev/vda), read-only when the disk is.
 pub fn default_cmdline(image: &[u8], root: Option<bool>) -> String {
-    let ours = is_our_build(image);
-    let base = if ours { LINUX_CMDLINE } else { STOCK_CMDLINE };
-    match root {
-        None => base.to_owned(),
-        Some(read_only) => {
-            let mode = if read_only { "ro" } else { "rw" };
-            // Our root file system's /init is the self-test; another
-            // kernel's root boots its own init.
-            let init = if ours { " init=/init" } else { "" };
-            format!("{base} root=/dev/vda {mode}{init}")
-        }
+    match (is_our_build(image), root) {
+        (true, None) => LINUX_CMDLINE.to_owned(),
+        (true, Some(read_only)) => disk_cmdline(read_only),
+        (false, None) => STOCK_CMDLINE.to_owned(),
+        // Another kernel's root boots its own init.
+        (false, Some(read_only)) => format!("{STOCK_CMDLINE} {}", root_args(read_only)),
     }
 }
 
 /// The command line that boots the project's kernel from the first disk
-/// (/dev/vda) instead of an initramfs, mounted read-only when the disk is.
+/// (/dev/vda) instead of an initramfs, mounted read-only when the disk is;
+/// its /init is the self-test.
 pub fn disk_cmdline(read_only: bool) -> String {
-    let mode = if read_only { "ro" } else { "rw" };
-    format!("{LINUX_CMDLINE} root=/dev/vda {mode} init=/init")
+    format!("{LINUX_CMDLINE} {} init=/init", root_args(read_only))
+}
+
+/// The root file system on the first disk, read-only when the disk is.
+fn root_args(read_only: bool) -> &'static str {
+    if read_only {
+        "root=/dev/vda ro"
+    } else {
+        "root=/dev/vda rw"
+    }
 }
 /// Where the kernel image starts (1 MiB); lower memory holds boot data.
 pub const KERNEL_START: u64 = 0x10_0000;

@@ -262,6 +262,8 @@ fn invalid(what: &str) -> io::Error {
 
 /// The largest block of an LZ4 legacy frame, decompressed.
 const LZ4_LEGACY_BLOCK: usize = 8 << 20;
+/// The largest lzop block lwpvmm decompresses (lzop writes 256 KiB ones).
+const LZOP_BLOCK_MAX: usize = 64 << 20;
 
 /// LZ4's legacy format: its magic, then blocks of at most 8 MiB each
 /// behind their compressed length, until the input ends.
@@ -354,7 +356,7 @@ fn lzop(data: &[u8], limit: u64, out: &mut Vec<u8>) -> io::Result<()> {
         if dst == 0 {
             return Ok(());
         }
-        if dst > LZ4_LEGACY_BLOCK * 8 {
+        if dst > LZOP_BLOCK_MAX {
             return Err(invalid("an lzop block larger than 64 MiB"));
         }
         let src = r.u32()? as usize;

@@ -54,6 +54,26 @@ fn cmpxchg_regs(r: &mut Rig, at: u64, expected: u128) {
     r.mem.write_obj(OLD, GuestAddress(AREA)).unwrap();
 }
 
+/// Runs `bytes` at CPL0 in 64-bit code at [`KERNEL_CODE`] on `r`'s vCPU
+/// with `rflags`: the outcome, and the registers and RFLAGS it left.
+fn run(r: &mut Rig, bytes: &[u8], rflags: u64) -> (Outcome, kvm_regs, u64) {
+    let sregs = r.vcpu.sregs;
+    let mut regs = r.vcpu.regs;
+    let view = GuestView::new(&r.mem, r.vcpu.paging(&sregs).unwrap());
+    let mut ctx = Context {
+        regs: &mut regs,
+        rsp: FRAME_AT,
+        rflags,
+        rip: KERNEL_CODE,
+        user: false,
+        bitness: 64,
+        bases: SegmentBases::default(),
+    };
+    let got = emulate(&view, &mut r.vcpu, &sregs, &mut ctx, bytes).unwrap();
+    let rflags = ctx.rflags;
+    (got, regs, rflags)
+}
+
 type Setup = fn(&mut Rig);
 type Check = fn(&After<'_>) -> bool;
 
@@ -271,20 +291,7 @@ fn each_instruction_and_its_faults() {
         r.vcpu.regs.rflags = 0x3;
         r.vcpu.sregs.cr4 |= CR4_OSFXSR;
         setup(&mut r);
-        let sregs = r.vcpu.sregs;
-        let mut regs = r.vcpu.regs;
-        let view = GuestView::new(&r.mem, r.vcpu.paging(&sregs).unwrap());
-        let mut ctx = Context {
-            regs: &mut regs,
-            rsp: FRAME_AT,
-            rflags: 0x3,
-            rip: KERNEL_CODE,
-            user: false,
-            bitness: 64,
-            bases: SegmentBases::default(),
-        };
-        let got = emulate(&view, &mut r.vcpu, &sregs, &mut ctx, bytes).unwrap();
-        let rflags = ctx.rflags;
+        let (got, regs, rflags) = run(&mut r, bytes, 0x3);
         let outcome = match got {
             Outcome::Done { next_rip, .. } => {
                 assert_eq!(next_rip, KERNEL_CODE + bytes.len() as u64, "{what}");
@@ -309,22 +316,10 @@ fn a_faulting_or_foreign_instruction_changes_no_register() {
         let mut r = Rig::new(LwpProfile::Off, None);
         r.vcpu.regs.rax = UNMAPPED;
         r.vcpu.regs.rdi = UNMAPPED;
-        let sregs = r.vcpu.sregs;
         let before = r.vcpu.regs;
-        let mut regs = before;
-        let view = GuestView::new(&r.mem, r.vcpu.paging(&sregs).unwrap());
-        let mut ctx = Context {
-            regs: &mut regs,
-            rsp: FRAME_AT,
-            rflags: 0x2,
-            rip: KERNEL_CODE,
-            user: false,
-            bitness: 64,
-            bases: SegmentBases::default(),
-        };
-        let got = emulate(&view, &mut r.vcpu, &sregs, &mut ctx, bytes).unwrap();
+        let (got, regs, rflags) = run(&mut r, bytes, 0x2);
         assert!(!matches!(got, Outcome::Done { .. }), "{bytes:x?}");
-        assert_eq!(ctx.rflags, 0x2, "{bytes:x?}");
+        assert_eq!(rflags, 0x2, "{bytes:x?}");
         assert_eq!(regs, before, "{bytes:x?}");
     }
 }
