@@ -4,7 +4,13 @@
 # "A distribution kernel on these hosts"): OUTDIR/vmlinuz is the package's
 # bzImage, unchanged; OUTDIR/lwpvmm.ko the guest module built against the
 # package's headers; OUTDIR/initramfs.cpio the self-test's programs from
-# LINUXDIR (build.sh's OUTDIR, default target/tmp/linux) with that module.
+# LINUXDIR (build.sh's OUTDIR, default target/tmp/linux) with that module and
+# the package's modules for the drivers Debian builds as modules and ours
+# builds in: cpuid.ko and msr.ko (the self-test reads CPUID and the MSRs
+# through them) and virtio-mmio's block stack (a --disk is /dev/vda), their
+# signatures removed: the kernel checks a signature in generic C at CPL0,
+# which these hosts emulate, about 35 s a module (an unsigned one loads in
+# under 3 s; the kernel is tainted by our unsigned module anyway).
 # Cached by the package's version: a second run with the same one only
 # repacks the initramfs.
 set -eu
@@ -13,6 +19,19 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 OUT=${1:?usage: stock.sh OUTDIR [LINUXDIR]}
 LINUX=${2:-$HERE/../../target/tmp/linux}
 log() { echo "lwpvmm stock kernel: $*" >&2; }
+# Copies module $1 to $2 without its appended signature (the module, the
+# PKCS#7 signature, a 12-byte struct module_signature whose last 4 bytes
+# are the signature's length, big-endian, and the 28-byte magic).
+unsigned() {
+    MAGIC="~Module signature appended~"
+    if [ "$(tail -c 28 "$1")" = "$MAGIC" ]; then
+        SIGLEN=$(tail -c 32 "$1" | head -c 4 | od -An -tu1 |
+            awk '{ print $1 * 16777216 + $2 * 65536 + $3 * 256 + $4 }')
+        head -c $(($(stat -c %s "$1") - 28 - 12 - SIGLEN)) "$1" >"$2"
+    else
+        cp "$1" "$2"
+    fi
+}
 
 [ -x "$LINUX/gen_init_cpio" ] && [ -f "$LINUX/initramfs.list" ] || {
     log "no Linux guest build in $LINUX: run resources/linux/build.sh $LINUX first"; exit 1; }
@@ -24,13 +43,22 @@ PKG=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-ima
 ABI=${PKG#linux-image-}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
-if [ "$(cat "$OUT/abi" 2>/dev/null)" != "$ABI" ] || [ ! -f "$OUT/vmlinuz" ] || [ ! -f "$OUT/lwpvmm.ko" ]; then
+PACKAGE_MODULES="arch/x86/kernel/cpuid arch/x86/kernel/msr drivers/virtio/virtio_ring
+    drivers/virtio/virtio drivers/virtio/virtio_mmio drivers/block/virtio_blk"
+cached() {
+    [ "$(cat "$OUT/abi" 2>/dev/null)" = "$ABI" ] && [ -f "$OUT/vmlinuz" ] && [ -f "$OUT/lwpvmm.ko" ] || return 1
+    for m in $PACKAGE_MODULES; do [ -f "$OUT/${m##*/}.ko" ] || return 1; done
+}
+if ! cached; then
     WORK=$(mktemp -d)
     trap 'rm -rf "$WORK"' EXIT
     log "fetching $PKG"
     (cd "$WORK" && apt-get download "$PKG" >/dev/null 2>&1) || { log "apt-get download $PKG failed"; exit 1; }
     dpkg-deb -x "$WORK"/"$PKG"_*.deb "$WORK/pkg"
     cp "$WORK/pkg/boot/vmlinuz-$ABI" "$OUT/vmlinuz"
+    for m in $PACKAGE_MODULES; do
+        unsigned "$WORK/pkg/lib/modules/$ABI/kernel/$m.ko" "$OUT/${m##*/}.ko"
+    done
     KDIR=/usr/src/linux-headers-$ABI
     if [ ! -d "$KDIR" ]; then
         log "installing linux-headers-$ABI"
@@ -44,5 +72,8 @@ if [ "$(cat "$OUT/abi" 2>/dev/null)" != "$ABI" ] || [ ! -f "$OUT/vmlinuz" ] || [
 fi
 # The Linux guest's initramfs, its module swapped for this kernel's.
 sed "s#^file /lwpvmm.ko .*#file /lwpvmm.ko $OUT/lwpvmm.ko 0644 0 0#" "$LINUX/initramfs.list" >"$OUT/initramfs.list"
+for m in $PACKAGE_MODULES; do
+    echo "file /${m##*/}.ko $OUT/${m##*/}.ko 0644 0 0" >>"$OUT/initramfs.list"
+done
 "$LINUX/gen_init_cpio" "$OUT/initramfs.list" >"$OUT/initramfs.cpio"
 log "wrote $OUT/vmlinuz ($ABI) and $OUT/initramfs.cpio"

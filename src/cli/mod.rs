@@ -19,6 +19,7 @@ use crate::vmm::api::ApiConfig;
 use crate::vmm::base::seccomp::SeccompMode;
 use crate::vmm::base::signals;
 use crate::vmm::boot::BootError;
+use crate::vmm::config::SyscallFixupMode;
 use crate::vmm::devices::port_bus::{GuestEnd, SerialOut};
 use crate::vmm::devices::virtio::{DiskConfig, NetConfig};
 use crate::vmm::output::{OutputError, OutputKind};
@@ -204,6 +205,12 @@ pub struct HostArgs {
     /// --snapshot-dir).
     #[arg(long, requires = "snapshot_dir")]
     pub snapshot_on_port: bool,
+    /// Complete the SYSCALLs kvm_pvm leaves at CPL3 (its SYSCALL quirk),
+    /// so that an unmodified Linux can run processes there: `auto` (on where
+    /// the host's KVM is kvm_pvm), `on`, `off`. It costs one exit per guest
+    /// page fault (docs/linux-guest.md).
+    #[arg(long, value_enum, default_value_t = SyscallFixupArg::Auto)]
+    pub syscall_fixup: SyscallFixupArg,
 }
 
 /// A size: bytes, or a number with a K, M or G suffix (powers of 1024).
@@ -295,6 +302,7 @@ impl From<&HostArgs> for HostConfig {
                 kernel_symbols: a.kernel_symbols.clone(),
                 kernel_image: None,
             },
+            syscall_fixup: a.syscall_fixup.into(),
         }
     }
 }
@@ -440,6 +448,27 @@ impl From<SeccompArg> for SeccompMode {
             SeccompArg::On => SeccompMode::On,
             SeccompArg::Log => SeccompMode::Log,
             SeccompArg::Off => SeccompMode::Off,
+        }
+    }
+}
+
+/// `--syscall-fixup` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SyscallFixupArg {
+    /// On where the host's KVM is kvm_pvm.
+    Auto,
+    /// Always.
+    On,
+    /// Never.
+    Off,
+}
+
+impl From<SyscallFixupArg> for SyscallFixupMode {
+    fn from(a: SyscallFixupArg) -> Self {
+        match a {
+            SyscallFixupArg::Auto => SyscallFixupMode::Auto,
+            SyscallFixupArg::On => SyscallFixupMode::On,
+            SyscallFixupArg::Off => SyscallFixupMode::Off,
         }
     }
 }

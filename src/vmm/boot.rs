@@ -73,7 +73,9 @@ pub const LINUX_CMDLINE: &str = "console=ttyS0 reboot=k panic=-1 rdinit=/init no
 pub const STOCK_CMDLINE: &str = "console=ttyS0 reboot=k panic=-1 cryptomgr.notests \
      clearcpuid=129,137,145,147,148,150,151,153,154,288,291,296,297,298,307,308,317,520,534,580 \
      no_timer_check rodata=off noreplace-smp percpu_alloc=page \
-     initcall_blacklist=ftrace_check_for_weak_functions,trace_eval_init";
+     initcall_blacklist=ftrace_check_for_weak_functions,trace_eval_init,cubictcp_register,\
+     bpf_tcp_ca_kfunc_init,bpf_key_sig_kfuncs_init,bpf_rstat_kfunc_init,kfunc_init,\
+     bpf_prog_test_run_init";
 
 /// What the project's build of its Linux guest leaves in the kernel's
 /// banner (resources/linux/build.sh's KBUILD_BUILD_USER and _HOST), in a

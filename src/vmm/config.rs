@@ -95,6 +95,38 @@ pub struct HostConfig {
     pub profiling: Profiling,
     /// Where the control API listens, if anywhere.
     pub api: crate::vmm::api::ApiConfig,
+    /// Whether lwpvmm completes the SYSCALLs kvm_pvm leaves at CPL3.
+    pub syscall_fixup: SyscallFixupMode,
+}
+
+/// Whether lwpvmm completes the SYSCALLs kvm_pvm leaves at CPL3
+/// (vcpu/syscall_quirk.rs): an unmodified Linux needs it there to run a
+/// single process; our own kernel carries the same rule as patch 0001.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SyscallFixupMode {
+    /// On where the host's KVM is kvm_pvm, the one host known to have
+    /// the quirk; off elsewhere, where it would cost an exit per guest
+    /// page fault for nothing.
+    #[default]
+    Auto,
+    /// Always.
+    On,
+    /// Never.
+    Off,
+}
+
+/// Where the kvm_pvm module shows itself when it is loaded.
+const KVM_PVM_MODULE: &str = "/sys/module/kvm_pvm";
+
+impl SyscallFixupMode {
+    /// Whether the fixup runs on this host.
+    pub fn enabled(self) -> bool {
+        match self {
+            SyscallFixupMode::Auto => std::path::Path::new(KVM_PVM_MODULE).exists(),
+            SyscallFixupMode::On => true,
+            SyscallFixupMode::Off => false,
+        }
+    }
 }
 
 impl Default for HostConfig {
@@ -106,6 +138,7 @@ impl Default for HostConfig {
             stop_on_signals: false,
             profiling: Profiling::default(),
             api: Default::default(),
+            syscall_fixup: SyscallFixupMode::default(),
         }
     }
 }

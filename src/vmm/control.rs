@@ -104,6 +104,9 @@ struct Seen {
     metrics: bool,
     samples: u64,
     requests: bool,
+    /// A vCPU found the SYSCALL quirk's entry: the others are kicked to
+    /// set their breakpoint.
+    syscall_entry: bool,
 }
 
 /// The loop's descriptors.
@@ -111,6 +114,7 @@ struct Sources {
     exit: EventFd,
     snapshot_point: EventFd,
     wake: EventFd,
+    syscall_entry: Option<EventFd>,
     timer: Option<TimerFd>,
     sampler: Option<TimerFd>,
     sigusr1: Option<UnixStream>,
@@ -138,6 +142,9 @@ impl MutEventSubscriber for Sources {
         } else if fd == self.wake.as_raw_fd() {
             let _ = self.wake.read();
             seen.requests = true;
+        } else if let Some(e) = self.syscall_entry.as_ref().filter(|e| e.as_raw_fd() == fd) {
+            let _ = e.read();
+            seen.syscall_entry = true;
         } else if let Some(t) = self.sampler.as_mut().filter(|t| t.as_raw_fd() == fd) {
             seen.samples += t.wait().unwrap_or(0);
         } else if let Some(t) = self.timer.as_mut().filter(|t| t.as_raw_fd() == fd) {
@@ -163,6 +170,7 @@ impl MutEventSubscriber for Sources {
             self.snapshot_point.as_raw_fd(),
             self.wake.as_raw_fd(),
         ];
+        fds.extend(self.syscall_entry.iter().map(AsRawFd::as_raw_fd));
         fds.extend(
             self.timer
                 .iter()
@@ -259,6 +267,12 @@ impl Control {
             exit: clone(&self.shared.exit)?,
             snapshot_point: clone(&self.shared.snapshot_point)?,
             wake: clone(&self.requests.1)?,
+            syscall_entry: self
+                .shared
+                .syscall_fixup
+                .as_ref()
+                .map(|f| clone(&f.armed))
+                .transpose()?,
             timer: match (&self.plan.dir, self.plan.after) {
                 (Some(_), Some(after)) => Some(timer(Some(after.max(Duration::from_millis(1))))?),
                 _ => None,
@@ -315,6 +329,11 @@ impl Control {
             }
             if seen.snapshot.contains(&"SIGUSR2") && self.plan.dir.is_none() {
                 log::warn!("SIGUSR2 takes a snapshot into --snapshot-dir: this run has none");
+            }
+            if seen.syscall_entry {
+                // A halted vCPU has no exit of its own before it runs a
+                // process: the kick makes it set its breakpoint now.
+                self.vcpus.iter().for_each(VcpuHandle::kick);
             }
             if seen.samples > 0 && !paused {
                 let every = self.shared.recorder.whole_guest();

@@ -28,6 +28,7 @@ use crate::vmm::error::VmError;
 use crate::vmm::machine::{Machine, MachineSpec};
 use crate::vmm::outcome::RunOutcome;
 use crate::vmm::output::RunOutputs;
+use crate::vmm::vcpu::syscall_quirk::SyscallFixup;
 use crate::vmm::vcpu::{Shared, Vcpu, VcpuEvent, VcpuHandle, kick_handler};
 
 /// A built VM.
@@ -93,6 +94,15 @@ impl Vmm {
             recorder: Arc::clone(&recorder),
             exit: eventfd()?,
             snapshot_point: eventfd()?,
+            syscall_fixup: host
+                .syscall_fixup
+                .enabled()
+                .then(SyscallFixup::new)
+                .transpose()
+                .map_err(|source| VmError::Thread {
+                    what: "control",
+                    source,
+                })?,
         });
         if host.snapshots.diff {
             crate::vmm::machine::log_dirty_pages(&vm, &shared.mem)?;

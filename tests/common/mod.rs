@@ -34,6 +34,8 @@ pub struct Bounded {
     stderr: Option<JoinHandle<Vec<u8>>>,
     started: Instant,
     limit: Duration,
+    /// Why the run is stopped before it ends, when not at its limit.
+    stopped_because: Option<String>,
 }
 
 /// Sends `signal` to the process group `child` leads (spawn_within gives
@@ -93,6 +95,7 @@ pub fn spawn_within(command: &mut Command, limit: Duration) -> Bounded {
         stderr,
         started: Instant::now(),
         limit,
+        stopped_because: None,
     }
 }
 
@@ -143,6 +146,36 @@ impl Bounded {
         }
     }
 
+    /// Waits for the end, or the limit, or `silence` without a byte on
+    /// standard output, and returns what the run printed: for runs whose
+    /// length depends on the host's load (a slow host makes a long boot
+    /// slower, while a stuck guest stops printing).
+    pub fn wait_while_printing(mut self, silence: Duration) -> Output {
+        let (mut printed, mut last) = (0, Instant::now());
+        loop {
+            let ended = self
+                .child
+                .as_mut()
+                .is_none_or(|c| !matches!(c.try_wait(), Ok(None)));
+            let now = self.so_far.lock().map(|b| b.len()).unwrap_or(0);
+            if now != printed {
+                (printed, last) = (now, Instant::now());
+            }
+            if ended || self.started.elapsed() >= self.limit {
+                return self.wait();
+            }
+            if last.elapsed() >= silence {
+                self.stopped_because = Some(format!(
+                    "test harness: lwpvmm printed nothing for {} s and was sent SIGTERM\n",
+                    silence.as_secs()
+                ));
+                self.limit = self.started.elapsed();
+                return self.wait();
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
     /// Waits for the end (or the limit) and returns what the run printed;
     /// a run stopped at its limit says so at the top of its standard error.
     pub fn wait(mut self) -> Output {
@@ -151,10 +184,12 @@ impl Bounded {
         let status = match Self::wait_until(&mut child, self.started + self.limit) {
             Some(status) => status,
             None => {
-                note = format!(
-                    "test harness: lwpvmm was still running after its {} s limit and was sent SIGTERM\n",
-                    self.limit.as_secs()
-                );
+                note = self.stopped_because.take().unwrap_or_else(|| {
+                    format!(
+                        "test harness: lwpvmm was still running after its {} s limit and was sent SIGTERM\n",
+                        self.limit.as_secs()
+                    )
+                });
                 signal_group(&child, "TERM");
                 let status = match Self::wait_until(&mut child, Instant::now() + STOP_GRACE) {
                     Some(status) => status,
@@ -250,6 +285,39 @@ impl Drop for Watchdog {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+/// The Linux self-test's programs, each one check line of its /init
+/// (resources/linux/init/selftest.c), besides /lwp-precise.
+pub const PROGRAMS: [&str; 10] = [
+    "/lwp-records",
+    "/lwp-two",
+    "/lwp-faults",
+    "/lwp-hot",
+    "/lwp-pinned",
+    "/lwp-threshold",
+    "/lwp-threads",
+    "/lwp-migrate",
+    "/lwp-storm",
+    "/lwp-compat32",
+];
+
+/// Asserts what the metrics file `metrics` of a Linux run says of the
+/// SYSCALL fixup: on kvm_pvm (on by default there) it completed the
+/// processes' system calls; elsewhere it stayed off.
+pub fn assert_syscalls_completed(metrics: &std::path::Path) {
+    let text = std::fs::read(metrics).unwrap_or_else(|e| panic!("read {}: {e}", metrics.display()));
+    let m: serde_json::Value =
+        serde_json::from_slice(&text).unwrap_or_else(|e| panic!("{}: {e}", metrics.display()));
+    let completed = m["vm"]["syscalls_completed"].as_u64().unwrap_or_default();
+    if std::path::Path::new("/sys/module/kvm_pvm").exists() {
+        assert!(
+            completed > 100,
+            "lwpvmm completed {completed} SYSCALLs: {m}"
+        );
+    } else {
+        assert_eq!(completed, 0, "the fixup is off on this host: {m}");
     }
 }
 

@@ -9,7 +9,14 @@
  *
  * It first loads the lwpvmm guest module (/lwpvmm.ko, built from
  * resources/linux/module against this kernel, which carries no guest patch),
- * which gives processes LWP, and powers the VM off at the end.
+ * which gives processes LWP, and powers the VM off at the end. A
+ * distribution kernel builds as modules what ours builds in: the drivers
+ * its checks use (/dev/cpu/N/cpuid and msr) and virtio-mmio's block stack
+ * come from its package, as /NAME.ko, loaded first when the initramfs has
+ * them (resources/linux/stock.sh puts them there).
+ *
+ * It prints `lwp-linux-selftest: kernel RELEASE` (uname -r), so a log says
+ * which kernel ran it.
  *
  * It prints `lwp-linux-selftest: cpus N`, N counted as
  * sysconf(_SC_NPROCESSORS_ONLN) counts, and checks that every CPU's CPUID
@@ -40,6 +47,7 @@
  * self-test (/lwp-disk and /lwp-net, for the device tests and benchmark).
  */
 #include <linux/reboot.h>
+#include <linux/utsname.h>
 #include <asm/ioctls.h>
 
 /* The self-test's own check lines are not indented. */
@@ -335,17 +343,52 @@ static void write_result(const char *boot_line, const char *summary_line)
 	       ok ? "written to" : "could not be written to");
 }
 
-/* Loads the lwpvmm guest module: whether the kernel took it. */
-static int load_module(void)
+/* Loads the module at PATH: whether the kernel took it. */
+static int load_module(const char *path)
 {
-	int fd = open("/lwpvmm.ko", O_RDONLY);
+	int fd = open(path, O_RDONLY);
 	long ret = fd < 0 ? -1 : my_syscall3(__NR_finit_module, fd, "", 0);
 
 	if (fd >= 0)
 		close(fd);
 	if (ret)
-		printf("  finit_module: %ld\n", ret);
+		printf("  finit_module %s: %ld\n", path, ret);
 	return ret == 0;
+}
+
+/*
+ * The drivers a distribution kernel builds as modules and the checks use,
+ * in the order they depend on each other; ours builds them in, and its
+ * initramfs has none of these files.
+ */
+static void load_package_modules(void)
+{
+	static const char *const modules[] = {
+		"/cpuid.ko",	   "/msr.ko",	      "/virtio_ring.ko",
+		"/virtio.ko",	   "/virtio_mmio.ko", "/virtio_blk.ko",
+	};
+	unsigned int i;
+
+	for (i = 0; i < sizeof(modules) / sizeof(modules[0]); i++) {
+		int fd = open(modules[i], O_RDONLY);
+
+		if (fd < 0)
+			continue;
+		close(fd);
+		printf("lwp-linux-selftest: package module %s %s\n", modules[i],
+		       load_module(modules[i]) ? "loaded" : "NOT loaded");
+	}
+}
+
+/* Prints the kernel's release, as uname -r does. */
+static void kernel_line(void)
+{
+	struct new_utsname u;
+
+	if (my_syscall1(__NR_uname, &u) == 0)
+		printf("lwp-linux-selftest: kernel %s\n", u.release);
+	else
+		printf("lwp-linux-selftest: kernel unknown (uname failed)\n");
 }
 
 /*
@@ -402,7 +445,9 @@ int main(int argc, char **argv, char **envp)
 	mount("proc", "/proc", "proc", 0, 0);
 	mount("devtmpfs", "/dev", "devtmpfs", 0, 0);
 	/* Before anything else: it is also what powers the VM off. */
-	check("the lwpvmm guest module loads", load_module());
+	kernel_line();
+	check("the lwpvmm guest module loads", load_module("/lwpvmm.ko"));
+	load_package_modules();
 	if (env_value(envp, "lwprate")) {
 		/* The SMP benchmark's run instead of the self-test. */
 		char *rate[] = { "/lwp-rate", (char *)env_value(envp, "lwprate"), 0 };
@@ -477,7 +522,7 @@ int main(int argc, char **argv, char **envp)
 		      cfg == boot_cfg);
 
 	printf("/sysentry:\n");
-	check("/sysentry: patch 0001 runs only real SYSCALLs, with user flags",
+	check("/sysentry: only real SYSCALLs run, with user flags (patch 0001 or lwpvmm)",
 	      run_program("/sysentry", 0, envp));
 
 	if (lwp[0] & 1) {

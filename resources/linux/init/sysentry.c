@@ -1,11 +1,12 @@
 /*
- * /sysentry: our host-quirk patch 0001 turns kvm_pvm's faulting SYSCALL (a
- * user-mode fetch fault at entry_SYSCALL_64) back into a system call. A
- * process can take that path on purpose by jumping to entry_SYSCALL_64
- * itself (its address is LSTAR; without KASLR it is fixed), with registers
- * of its choosing. The patch must then only run a system call when RCX
- * follows a SYSCALL instruction, and return with the flags a user may set:
- * never IOPL, VIF or VIP from R11. Each attack runs in a child that has
+ * /sysentry: kvm_pvm's faulting SYSCALL (a user-mode fetch fault at
+ * entry_SYSCALL_64) is turned back into a system call, by lwpvmm at the
+ * kernel's #PF entry (--syscall-fixup, any kernel) or by our kernel's
+ * host-quirk patch 0001 (--syscall-fixup off). A process can take that
+ * path on purpose by jumping to entry_SYSCALL_64 itself (its address is
+ * LSTAR), with registers of its choosing. Either must then only run a
+ * system call when RCX follows a SYSCALL instruction, and return with the
+ * flags a user may set: never IOPL, VIF or VIP from R11. Each attack runs in a child that has
  * dropped root (it is given LSTAR, read here through /dev/cpu/0/msr).
  */
 #include "lwp.h"

@@ -141,6 +141,11 @@ counters! {
     /// Nanoseconds vCPU threads spent on sampling kicks between KVM_RUN's
     /// return and the next entry: the charge, the stack, the trace.
     sampler_ns,
+    /// Stops at the guest kernel's #PF handler (the SYSCALL quirk's
+    /// breakpoint): one per guest page fault while the fixup is on.
+    pf_entry_stops,
+    /// SYSCALLs kvm_pvm left at CPL3 that lwpvmm completed.
+    syscalls_completed,
     /// Trace writes that failed.
     trace_errors,
     /// Records not written to the trace because it reached its size limit.

@@ -5,6 +5,7 @@
 
 use super::lwp_state::VcpuLwp;
 use super::ops::VcpuOps;
+use super::syscall_quirk::SyscallFixup;
 
 use crate::guard::GuestMemory;
 use crate::vmm::base::metrics::VcpuMetrics;
@@ -22,4 +23,6 @@ pub struct ExitCx<'a> {
     pub metrics: &'a VcpuMetrics,
     /// Where the host side keeps stored records (trace, captures).
     pub recorder: &'a Recorder,
+    /// The SYSCALL quirk's fixup, when it is on.
+    pub syscall_fixup: Option<&'a SyscallFixup>,
 }

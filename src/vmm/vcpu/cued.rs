@@ -175,6 +175,14 @@ impl VcpuOps for CuedVcpu {
         Ok(())
     }
 
+    fn set_breakpoint(&mut self, _: Option<u64>) -> Result<(), VcpuError> {
+        Ok(())
+    }
+
+    fn breakpoint(&self) -> Option<u64> {
+        None
+    }
+
     fn guest_tsc(&self) -> u64 {
         0
     }
@@ -244,5 +252,6 @@ pub fn shared(snapshot_port: bool) -> Arc<Shared> {
         recorder: Arc::new(Recorder::new(None, false, 1000)),
         exit: eventfd(),
         snapshot_point: eventfd(),
+        syscall_fixup: None,
     })
 }

@@ -14,7 +14,7 @@ use kvm_ioctls::VcpuExit;
 use super::context::ExitCx;
 use super::lwp_state::VcpuLwp;
 use super::protocol::{VcpuError, VcpuStep};
-use super::{doorbell, state_call, stepper};
+use super::{doorbell, pf_entry, state_call, stepper};
 use crate::guard::GuestMemory;
 use crate::guest_warn;
 use crate::vmm::base::metrics::VcpuMetrics;
@@ -33,7 +33,8 @@ pub enum ExitAction {
     Port(PortAction),
     /// A port access was answered; noted for stepping.
     PortDone,
-    /// A Debug exit (the guest-debug stepping backend).
+    /// A Debug exit (the guest-debug stepping backend, or the breakpoint
+    /// of the SYSCALL quirk's fixup).
     Debug(kvm_debug_exit_arch),
     /// KVM's emulator failed on an instruction.
     EmulationFailure,
@@ -135,9 +136,7 @@ pub fn handle_exit(
             }
             ExitAction::Done
         }
-        Ok(VcpuExit::Debug(exit)) if dev.lwp.stepper.backend() == Some(StepBackend::GuestDebug) => {
-            ExitAction::Debug(exit)
-        }
+        Ok(VcpuExit::Debug(exit)) => ExitAction::Debug(exit),
         Ok(VcpuExit::MmioRead(addr, data)) => {
             m.exits_mmio.fetch_add(1, Ordering::Relaxed);
             if IoapicDevice::claims(addr) {
@@ -201,7 +200,18 @@ pub fn act(action: ExitAction, cx: &mut ExitCx<'_>) -> Result<VcpuStep, VcpuErro
             PortAction::Handled | PortAction::Unclaimed | PortAction::UnsupportedSleep(_),
         ) => Ok(VcpuStep::Continue),
         ExitAction::Debug(exit) => {
-            stepper::debug_exit(cx, &exit)?;
+            if pf_entry::owns(&*cx.vcpu, &exit) {
+                pf_entry::stop(cx)?;
+            } else if cx.lwp.stepper.backend() == Some(StepBackend::GuestDebug) {
+                stepper::debug_exit(cx, &exit)?;
+            } else {
+                return Err(VcpuError::Unhandled {
+                    vcpu: cx.vcpu.id(),
+                    exit: format!("{:?}", VcpuExit::Debug(exit)),
+                    rip: cx.vcpu.regs().rip,
+                    bytes: String::new(),
+                });
+            }
             Ok(VcpuStep::Continue)
         }
         ExitAction::EmulationFailure => doorbell::emulation_failure(cx),
@@ -418,12 +428,24 @@ mod tests {
         let mut r = Rig::new(LwpProfile::Emulated, None);
         r.vcpu.regs.rip = 0x1234;
         let mut mmio = [0u8; 4];
+        // A breakpoint's Debug exit where no breakpoint is set and nothing
+        // steps.
+        let debug = kvm_debug_exit_arch {
+            pc: 0x1234,
+            dr6: 1,
+            ..Default::default()
+        };
         // (exit, action, error text when acted on)
         let table: [(
             Result<VcpuExit<'_>, kvm_ioctls::Error>,
             ExitAction,
             Option<&str>,
-        ); 6] = [
+        ); 7] = [
+            (
+                Ok(VcpuExit::Debug(debug)),
+                ExitAction::Debug(debug),
+                Some("unhandled exit Debug"),
+            ),
             (
                 Ok(VcpuExit::Hlt),
                 ExitAction::Unhandled("Hlt".into()),

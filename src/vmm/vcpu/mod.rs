@@ -6,10 +6,12 @@
 //!   `lwp_insn` (emulating one LWP instruction), `guest_paging`, `cpuid`;
 //! - state: `step_state`, `lwp_state`, `vcpu_state` (a vCPU's saved KVM
 //!   state), `protocol` (what the thread and the VMM say), `ops` (the vCPU
-//!   behind a trait, real or fake), `privilege`, `context` (what a handler
-//!   works with);
+//!   behind a trait, real or fake), `privilege`, `syscall_quirk` (kvm_pvm's
+//!   SYSCALL quirk: the rule and what the vCPUs share), `context` (what a
+//!   handler works with);
 //! - handlers: `kernel_insn` (CPL0 instructions the host's emulator
 //!   cannot run), `inject`, `stepper`, `doorbell`, `lwp`, `state_call`,
+//!   `pf_entry` (the SYSCALL quirk's breakpoint),
 //!   `host_sample` (whole-guest samples at a kick), then
 //!   `exit`, which dispatches to them;
 //! - the thread: `run_state` (its table of states), `thread`; in tests,
@@ -32,6 +34,7 @@ mod lwp;
 pub mod lwp_insn;
 mod lwp_state;
 mod ops;
+mod pf_entry;
 pub mod privilege;
 mod protocol;
 mod run_state;
@@ -42,6 +45,7 @@ mod step_state;
 mod stepper;
 #[cfg(test)]
 mod stepper_tests;
+pub mod syscall_quirk;
 #[cfg(test)]
 pub(crate) mod testing;
 mod thread;

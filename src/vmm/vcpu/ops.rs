@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use kvm_bindings::kvm_run;
 use kvm_bindings::{
-    KVM_GUESTDBG_ENABLE, KVM_GUESTDBG_SINGLESTEP, Msrs, kvm_guest_debug, kvm_msi, kvm_msr_entry,
-    kvm_regs, kvm_sregs,
+    KVM_GUESTDBG_ENABLE, KVM_GUESTDBG_SINGLESTEP, KVM_GUESTDBG_USE_HW_BP, Msrs, kvm_guest_debug,
+    kvm_msi, kvm_msr_entry, kvm_regs, kvm_sregs,
 };
 use kvm_ioctls::{SyncReg, VcpuExit, VcpuFd, VmFd};
 
@@ -26,6 +26,12 @@ const KVM_INTERNAL_ERROR_EMULATION: u32 = 1;
 pub const MSR_KERNEL_GS_BASE: u32 = 0xc000_0102;
 /// The MSR holding the 64-bit SYSCALL entry point.
 pub const MSR_LSTAR: u32 = 0xc000_0082;
+/// The MSR holding SYSCALL's code selector (bits 47:32).
+pub const MSR_STAR: u32 = 0xc000_0081;
+/// The MSR holding the RFLAGS bits SYSCALL clears.
+pub const MSR_SYSCALL_MASK: u32 = 0xc000_0084;
+/// DR7 for one execute breakpoint of one byte in DR0 (L0).
+const DR7_EXECUTE_DR0: u64 = 0x401;
 const KVM_INTERNAL_ERROR_EMULATION_FLAG_INSTRUCTION_BYTES: u64 = 1;
 
 /// What KVM says about an instruction its emulator could not run.
@@ -69,6 +75,12 @@ pub trait VcpuOps {
     ) -> Result<Delivery, VcpuError>;
     /// Turns KVM's single-step (the guest-debug backend) on or off.
     fn single_step(&mut self, on: bool) -> Result<(), VcpuError>;
+    /// Sets or clears a guest-debug execute breakpoint (DR0), kept across
+    /// single-step switches; a Debug exit then stops the vCPU before the
+    /// instruction at that address.
+    fn set_breakpoint(&mut self, at: Option<u64>) -> Result<(), VcpuError>;
+    /// The breakpoint set, if any.
+    fn breakpoint(&self) -> Option<u64>;
     /// The guest's TSC now.
     fn guest_tsc(&self) -> u64;
     /// Sends an MSI (the threshold interrupt).
@@ -132,6 +144,10 @@ pub struct KvmVcpu {
     threshold_gsi: Option<u32>,
     /// The VM's XSAVE size (KVM_CAP_XSAVE2).
     xsave_size: usize,
+    /// What KVM_SET_GUEST_DEBUG was last given: single-step, and a
+    /// breakpoint.
+    stepping: bool,
+    breakpoint: Option<u64>,
 }
 
 /// MXCSR's and MXCSR_MASK's 32-bit words in an XSAVE image (its legacy
@@ -161,6 +177,8 @@ impl KvmVcpu {
             paging,
             threshold_gsi,
             xsave_size,
+            stepping: false,
+            breakpoint: None,
         }
     }
 
@@ -177,6 +195,23 @@ impl KvmVcpu {
     fn ioctl(&self, what: &'static str) -> impl Fn(kvm_ioctls::Error) -> VcpuError + use<> {
         let vcpu = self.id;
         move |source| VcpuError::Ioctl { vcpu, what, source }
+    }
+
+    /// Gives KVM single-step and the breakpoint together: one
+    /// KVM_SET_GUEST_DEBUG sets both.
+    fn set_guest_debug(&self) -> Result<(), VcpuError> {
+        let mut debug = kvm_guest_debug::default();
+        if self.stepping {
+            debug.control |= KVM_GUESTDBG_ENABLE | KVM_GUESTDBG_SINGLESTEP;
+        }
+        if let Some(at) = self.breakpoint {
+            debug.control |= KVM_GUESTDBG_ENABLE | KVM_GUESTDBG_USE_HW_BP;
+            debug.arch.debugreg[0] = at;
+            debug.arch.debugreg[7] = DR7_EXECUTE_DR0;
+        }
+        self.fd
+            .set_guest_debug(&debug)
+            .map_err(self.ioctl("KVM_SET_GUEST_DEBUG"))
     }
 }
 
@@ -263,17 +298,17 @@ impl VcpuOps for KvmVcpu {
     }
 
     fn single_step(&mut self, on: bool) -> Result<(), VcpuError> {
-        let debug = kvm_guest_debug {
-            control: if on {
-                KVM_GUESTDBG_ENABLE | KVM_GUESTDBG_SINGLESTEP
-            } else {
-                0
-            },
-            ..Default::default()
-        };
-        self.fd
-            .set_guest_debug(&debug)
-            .map_err(self.ioctl("KVM_SET_GUEST_DEBUG"))
+        self.stepping = on;
+        self.set_guest_debug()
+    }
+
+    fn set_breakpoint(&mut self, at: Option<u64>) -> Result<(), VcpuError> {
+        self.breakpoint = at;
+        self.set_guest_debug()
+    }
+
+    fn breakpoint(&self) -> Option<u64> {
+        self.breakpoint
     }
 
     fn guest_tsc(&self) -> u64 {

@@ -13,8 +13,11 @@ use vm_memory::{ByteValued, Bytes, GuestAddress};
 
 use super::context::ExitCx;
 use super::lwp_state::VcpuLwp;
-use super::ops::{Delivery, EmulationFailure, MSR_KERNEL_GS_BASE, MSR_LSTAR, VcpuOps};
+use super::ops::{
+    Delivery, EmulationFailure, MSR_KERNEL_GS_BASE, MSR_LSTAR, MSR_STAR, MSR_SYSCALL_MASK, VcpuOps,
+};
 use super::protocol::VcpuError;
+use super::syscall_quirk::SyscallFixup;
 use crate::guard::GuestMemory;
 use crate::guard::pagetable::{PageSize, PageTables, PteFlags};
 use crate::lwp::cpuid::{CpuidEntry, LwpProfile};
@@ -87,6 +90,11 @@ pub struct FakeVcpu {
     /// MXCSR_MASK (0xFFFF: DAZ supported).
     pub mxcsr_mask: u32,
     pub single_step: Option<bool>,
+    /// STAR and SFMASK.
+    pub star: u64,
+    pub fmask: u64,
+    /// The guest-debug breakpoint.
+    pub breakpoint: Option<u64>,
     pub failure: EmulationFailure,
     pub tsc: u64,
     paging: PagingSource,
@@ -130,6 +138,15 @@ impl VcpuOps for FakeVcpu {
         Ok(())
     }
 
+    fn set_breakpoint(&mut self, at: Option<u64>) -> Result<(), VcpuError> {
+        self.breakpoint = at;
+        Ok(())
+    }
+
+    fn breakpoint(&self) -> Option<u64> {
+        self.breakpoint
+    }
+
     fn guest_tsc(&self) -> u64 {
         self.tsc
     }
@@ -152,6 +169,8 @@ impl VcpuOps for FakeVcpu {
         match index {
             MSR_KERNEL_GS_BASE => Ok(self.kernel_gs_base),
             MSR_LSTAR => Ok(self.lstar),
+            MSR_STAR => Ok(self.star),
+            MSR_SYSCALL_MASK => Ok(self.fmask),
             _ => Err(format!("the fake has no MSR {index:#x}")),
         }
     }
@@ -182,6 +201,7 @@ pub struct Rig {
     pub metrics: VcpuMetrics,
     /// Where its records go (nowhere: no trace, no API).
     pub recorder: Recorder,
+    pub syscall_fixup: Option<SyscallFixup>,
 }
 
 impl Rig {
@@ -252,6 +272,9 @@ impl Rig {
             mxcsr: 0x1f80,
             mxcsr_mask: 0xffff,
             single_step: None,
+            breakpoint: None,
+            star: 0,
+            fmask: 0,
             failure: EmulationFailure {
                 suberror: 1,
                 bytes: None,
@@ -266,6 +289,7 @@ impl Rig {
             lwp,
             metrics: VcpuMetrics::default(),
             recorder: Recorder::new(None, false, 0),
+            syscall_fixup: None,
         };
         rig.at_cpl0();
         rig
@@ -279,6 +303,7 @@ impl Rig {
             mem: &self.mem,
             metrics: &self.metrics,
             recorder: &self.recorder,
+            syscall_fixup: self.syscall_fixup.as_ref(),
         }
     }
 

@@ -22,8 +22,10 @@ use super::host_sample;
 use super::lwp;
 use super::lwp_state::VcpuLwp;
 use super::ops::{KvmVcpu, VcpuRun};
+use super::pf_entry;
 use super::protocol::{VcpuError, VcpuEvent, VcpuResponse, VcpuStep, VcpuStop, VcpuThreadResult};
 use super::run_state::{self, Reply, RunState, Transition};
+use super::syscall_quirk::SyscallFixup;
 use crate::guard::GuestMemory;
 use crate::lwp::cpuid::{CpuidEntry, LwpFeatures};
 use crate::lwp::unit::LwpUnit;
@@ -56,6 +58,8 @@ pub struct Shared {
     pub exit: EventFd,
     /// Written when a vCPU reaches a snapshot point.
     pub snapshot_point: EventFd,
+    /// The SYSCALL quirk's fixup, when it is on.
+    pub syscall_fixup: Option<SyscallFixup>,
 }
 
 thread_local! {
@@ -228,7 +232,13 @@ impl<V: VcpuRun + 'static> Vcpu<V> {
         }
         let run = self.kvm.prepare_thread();
         KVM_RUN.with(|c| c.set(run));
-        let result = self.exits(shared, mailbox);
+        // The SYSCALL fixup arms from the registers before the first entry
+        // (a restored kernel has set LSTAR already): KVM stores them in the
+        // sync-regs area at an exit, so one that enters nothing comes first.
+        let result = match shared.syscall_fixup {
+            Some(_) => self.settle().and_then(|()| self.exits(shared, mailbox)),
+            None => self.exits(shared, mailbox),
+        };
         KVM_RUN.with(|c| c.set(std::ptr::null_mut()));
         result
     }
@@ -243,6 +253,9 @@ impl<V: VcpuRun + 'static> Vcpu<V> {
                 && let Some(stop) = self.events(mailbox, shared, std::mem::take(&mut hold))?
             {
                 return Ok(stop);
+            }
+            if let Some(fixup) = &shared.syscall_fixup {
+                pf_entry::arm(&mut self.kvm, &shared.mem, fixup)?;
             }
             let id = self.kvm.id();
             let exit = self.kvm.run();
@@ -270,6 +283,7 @@ impl<V: VcpuRun + 'static> Vcpu<V> {
                 mem: &shared.mem,
                 metrics: &self.metrics,
                 recorder: &shared.recorder,
+                syscall_fixup: shared.syscall_fixup.as_ref(),
             };
             let mut sampled = None;
             match act(action, &mut cx)? {
@@ -368,19 +382,7 @@ impl<V: VcpuRun + 'static> Vcpu<V> {
         entry: Transition,
     ) -> Result<Option<VcpuStop>, VcpuError> {
         if entry.settle {
-            let id = self.kvm.id();
-            self.kvm.set_immediate_exit(true);
-            let completed = self.kvm.run().map(|_| ());
-            self.kvm.set_immediate_exit(false);
-            match completed {
-                Err(e) if e.errno() != libc::EINTR && e.errno() != libc::EAGAIN => {
-                    return Err(VcpuError::Run {
-                        vcpu: id,
-                        source: e,
-                    });
-                }
-                _ => {}
-            }
+            self.settle()?;
         }
         self.reply(mailbox, shared, entry.reply);
         loop {
@@ -394,6 +396,25 @@ impl<V: VcpuRun + 'static> Vcpu<V> {
                 RunState::Running => return Ok(None),
                 RunState::Stopped => return Ok(Some(VcpuStop::Stopped)),
             }
+        }
+    }
+
+    /// Has KVM complete pending I/O, apply dirty registers and store the
+    /// registers in the sync-regs area, then return without entering the
+    /// guest.
+    fn settle(&mut self) -> Result<(), VcpuError> {
+        let id = self.kvm.id();
+        self.kvm.set_immediate_exit(true);
+        let completed = self.kvm.run().map(|_| ());
+        self.kvm.set_immediate_exit(false);
+        match completed {
+            Err(e) if e.errno() != libc::EINTR && e.errno() != libc::EAGAIN => {
+                Err(VcpuError::Run {
+                    vcpu: id,
+                    source: e,
+                })
+            }
+            _ => Ok(()),
         }
     }
 
