@@ -7,10 +7,8 @@
 # LINUXDIR (build.sh's OUTDIR, default target/tmp/linux) with that module and
 # the package's modules for the drivers Debian builds as modules and ours
 # builds in: cpuid.ko and msr.ko (the self-test reads CPUID and the MSRs
-# through them) and virtio-mmio's block stack (a --disk is /dev/vda), their
-# signatures removed: the kernel checks a signature in generic C at CPL0,
-# which these hosts emulate, about 35 s a module (an unsigned one loads in
-# under 3 s; the kernel is tainted by our unsigned module anyway).
+# through them) and virtio-mmio's block stack (a --disk is /dev/vda), as
+# the package ships them.
 # Cached by the package's version: a second run with the same one only
 # repacks the initramfs.
 set -eu
@@ -19,19 +17,6 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 OUT=${1:?usage: stock.sh OUTDIR [LINUXDIR]}
 LINUX=${2:-$HERE/../../target/tmp/linux}
 log() { echo "lwpvmm stock kernel: $*" >&2; }
-# Copies module $1 to $2 without its appended signature (the module, the
-# PKCS#7 signature, a 12-byte struct module_signature whose last 4 bytes
-# are the signature's length, big-endian, and the 28-byte magic).
-unsigned() {
-    MAGIC="~Module signature appended~"
-    if [ "$(tail -c 28 "$1")" = "$MAGIC" ]; then
-        SIGLEN=$(tail -c 32 "$1" | head -c 4 | od -An -tu1 |
-            awk '{ print $1 * 16777216 + $2 * 65536 + $3 * 256 + $4 }')
-        head -c $(($(stat -c %s "$1") - 28 - 12 - SIGLEN)) "$1" >"$2"
-    else
-        cp "$1" "$2"
-    fi
-}
 
 [ -x "$LINUX/gen_init_cpio" ] && [ -f "$LINUX/initramfs.list" ] || {
     log "no Linux guest build in $LINUX: run resources/linux/build.sh $LINUX first"; exit 1; }
@@ -57,7 +42,7 @@ if ! cached; then
     dpkg-deb -x "$WORK"/"$PKG"_*.deb "$WORK/pkg"
     cp "$WORK/pkg/boot/vmlinuz-$ABI" "$OUT/vmlinuz"
     for m in $PACKAGE_MODULES; do
-        unsigned "$WORK/pkg/lib/modules/$ABI/kernel/$m.ko" "$OUT/${m##*/}.ko"
+        cp "$WORK/pkg/lib/modules/$ABI/kernel/$m.ko" "$OUT/${m##*/}.ko"
     done
     KDIR=/usr/src/linux-headers-$ABI
     if [ ! -d "$KDIR" ]; then
