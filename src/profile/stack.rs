@@ -49,6 +49,9 @@ pub struct Unwound {
     /// address of the interrupted context's saved registers there, with
     /// bit 0 set (`ENCODE_FRAME_POINTER`).
     pub last_fp: u64,
+    /// The address of the last frame read (0 when none was): the frame of
+    /// the return address last in `frames`.
+    pub last_frame: u64,
 }
 
 /// Where a stack is read from.
@@ -108,6 +111,7 @@ pub fn unwind(mem: &mut dyn StackMemory, start: UnwindStart) -> Unwound {
         fp = saved_fp;
     }
     Unwound {
+        last_frame: if stack.is_empty() { 0 } else { below },
         frames: stack,
         top,
         last_fp: fp,

@@ -20,7 +20,7 @@ use super::lwp_state::CR3_ADDR;
 use super::ops::MSR_LSTAR;
 use crate::guard::{Access, GuestView};
 use crate::profile::objects::KERNEL_HALF;
-use crate::profile::stack::{self, StackMemory, UnwindStart};
+use crate::profile::stack::{self, StackMemory, UnwindStart, Unwound};
 use crate::profile::trace::TraceRecord;
 use crate::vmm::vcpu::privilege;
 
@@ -45,26 +45,40 @@ const PT_CS: usize = 17;
 const PT_RSP: usize = 19;
 const PT_SS: usize = 20;
 
+/// How far past LSTAR a return address still lies in the kernel's
+/// SYSCALL entry (Linux's `entry_SYSCALL_64` calls `do_syscall_64` within
+/// its first 0x100 bytes).
+const SYSCALL_ENTRY_SPAN: u64 = 0x200;
+
 /// Where the process a kernel sample works for was when it entered the
 /// kernel (a system call, a fault, an interrupt): its RIP, and where its
 /// stack unwinds from. A Linux built with frame pointers enters the kernel
-/// with RBP holding the address of the registers it saved (`struct
-/// pt_regs`) with bit 0 set (`ENCODE_FRAME_POINTER`), so the kernel's walk
-/// ends there (`last_fp`). The registers are read as supervisor memory and
-/// believed only when the saved CS and SS are user selectors and RIP a user
-/// address: a kernel thread, or a kernel without that encoding, adds no
-/// frames.
+/// from an exception or interrupt with RBP holding the address of the
+/// registers it saved (`struct pt_regs`) with bit 0 set
+/// (`ENCODE_FRAME_POINTER`), so the kernel's walk ends there (`last_fp`).
+/// Its SYSCALL entry encodes nothing: there the walk's last frame returns
+/// into the entry (within [`SYSCALL_ENTRY_SPAN`] of `lstar`), and the
+/// registers lie right above that frame. The registers are read as
+/// supervisor memory and believed only when the saved CS and SS are user
+/// selectors and RIP a user address: a kernel thread, or a kernel without
+/// either shape, adds no frames.
 fn entered_from(
     view: &GuestView<'_>,
     sregs: &kvm_sregs,
-    last_fp: u64,
+    found: &Unwound,
+    lstar: Option<u64>,
 ) -> Option<(u64, UnwindStart)> {
-    if last_fp & 1 == 0 {
+    let in_syscall_entry =
+        |ret: &u64| lstar.is_some_and(|l| ret.wrapping_sub(l) < SYSCALL_ENTRY_SPAN);
+    let at = if found.last_fp & 1 == 1 {
+        found.last_fp & !1
+    } else if found.last_frame != 0 && found.frames.last().is_some_and(in_syscall_entry) {
+        found.last_frame.checked_add(16)?
+    } else {
         return None;
-    }
+    };
     let mut raw = [0u8; PT_REGS_WORDS * 8];
-    view.read(last_fp & !1, &mut raw, Access::SupervisorRead)
-        .ok()?;
+    view.read(at, &mut raw, Access::SupervisorRead).ok()?;
     let reg = |i: usize| {
         let mut w = [0u8; 8];
         w.copy_from_slice(&raw[i * 8..i * 8 + 8]);
@@ -153,10 +167,13 @@ pub fn take(cx: &mut ExitCx<'_>, elapsed_ns: u64) {
         } else {
             stack::unwind(&mut { view }, start)
         };
+        // Under the kernel's frames, the process it works for, if any.
+        let entered = kernel
+            .then(|| entered_from(&view, &sregs, &found, recorder.kernel_entry()))
+            .flatten();
         sample.stack = found.frames;
         sample.top = found.top;
-        // Under the kernel's frames, the process it works for, if any.
-        if kernel && let Some((rip, user)) = entered_from(&view, &sregs, found.last_fp) {
+        if let Some((rip, user)) = entered {
             sample.stack.push(rip);
             sample
                 .stack
@@ -189,6 +206,10 @@ mod tests {
     /// A frame whose caller is the kernel's entry: its saved frame pointer
     /// is the address of the saved user registers, with bit 0 set.
     const ENTERED_FP: u64 = FRAME_AT - 0x80;
+    /// A frame that returns into the SYSCALL entry, right below the saved
+    /// user registers (at AREA); its saved frame pointer is the process's.
+    const SYSCALL_FP: u64 = AREA - 16;
+    const SYSCALL_LSTAR: u64 = KERNEL_CODE + 0x100;
 
     #[test]
     fn the_kernels_syscall_entry_is_noted_once_from_a_kernel_sample() {
@@ -235,7 +256,7 @@ mod tests {
         // (where the vCPU was, the frame pointer, kernel sample?, the stack
         // found, the counter it counts in)
         type Case = (&'static str, u64, bool, Vec<u64>);
-        let table: [Case; 4] = [
+        let table: [Case; 5] = [
             ("the kernel", KERNEL_FP, true, vec![RET]),
             // The frame above ends in the registers the entry saved (bit 0
             // set): the process's RIP goes under the kernel's frames.
@@ -244,6 +265,14 @@ mod tests {
                 ENTERED_FP,
                 true,
                 vec![RET, USER_CODE],
+            ),
+            // The frame above returns into the SYSCALL entry, which encodes
+            // nothing: the registers lie right above it.
+            (
+                "the kernel, in a system call",
+                SYSCALL_FP,
+                true,
+                vec![SYSCALL_LSTAR + 0x50, USER_CODE],
             ),
             // A process whose frame pointer names kernel memory: a CPL3
             // read faults and the stack ends there, empty.
@@ -265,6 +294,13 @@ mod tests {
             r.mem
                 .write_obj(RET, GuestAddress(ENTERED_FP + 8))
                 .expect("kernel stack");
+            r.mem
+                .write_obj(USER_STACK - 0x40, GuestAddress(SYSCALL_FP))
+                .expect("kernel stack");
+            r.mem
+                .write_obj(SYSCALL_LSTAR + 0x50, GuestAddress(SYSCALL_FP + 8))
+                .expect("kernel stack");
+            assert!(r.recorder.note_kernel_entry(SYSCALL_LSTAR));
             // struct pt_regs at AREA: a process at USER_CODE without a frame.
             let mut regs = [0u64; PT_REGS_WORDS];
             regs[PT_RIP] = USER_CODE;
