@@ -21,14 +21,9 @@ mod common;
 use std::process::{Command, Output};
 
 use common::{
-    Console, PROGRAMS, RUN_LIMIT, assert_syscalls_completed, linux, output_within, require_kvm,
+    Console, PROGRAMS, RUN_LIMIT, SYSENTRY, assert_lines, assert_syscalls_completed, linux,
+    output_within, require_kvm,
 };
-
-/// The self-test's line for /sysentry: lwpvmm's SYSCALL fixup, or patch
-/// 0001 with the fixup off, runs a system call only after a real SYSCALL,
-/// and gives back only the flags a user may set.
-const SYSENTRY: &str =
-    "ok - /sysentry: only real SYSCALLs run, with user flags (patch 0001 or lwpvmm)";
 
 fn run_linux(extra: &[&str]) -> (Output, Console) {
     run_image("vmlinux", extra)
@@ -119,13 +114,7 @@ fn assert_selftest_passed_with(console: &Console, cpus: u8, summary: &str) {
         ]
         .map(String::from),
     );
-    for line in &lines {
-        assert!(
-            console.contains(line.as_str()),
-            "missing {line:?}:\n{console}"
-        );
-    }
-    assert!(!console.contains("not ok"), "{console}");
+    assert_lines(console, &lines);
     assert!(!console.contains("ACPI Error"), "{console}");
     // The TSC frequency comes from kvmclock: a calibration against the PM
     // timer fails on a loaded host and hangs the boot. (The TSC itself may

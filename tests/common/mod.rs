@@ -303,6 +303,23 @@ pub const PROGRAMS: [&str; 10] = [
     "/lwp-compat32",
 ];
 
+/// The self-test's line for /sysentry: lwpvmm's SYSCALL fixup, or patch
+/// 0001 with the fixup off, runs a system call only after a real SYSCALL,
+/// and gives back only the flags a user may set.
+pub const SYSENTRY: &str =
+    "ok - /sysentry: only real SYSCALLs run, with user flags (patch 0001 or lwpvmm)";
+
+/// Asserts that `console` holds every one of `lines` and no failed check.
+pub fn assert_lines(console: &Console, lines: &[String]) {
+    for line in lines {
+        assert!(
+            console.contains(line.as_str()),
+            "missing {line:?}:\n{console}"
+        );
+    }
+    assert!(!console.contains("not ok"), "{console}");
+}
+
 /// Asserts what the metrics file `metrics` of a Linux run says of the
 /// SYSCALL fixup: on kvm_pvm (on by default there) it completed the
 /// processes' system calls; elsewhere it stayed off.
