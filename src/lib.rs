@@ -8,11 +8,15 @@
 //! - [`vmm`]: the KVM shell: VM, vCPU loop, CPUID, MSRs, boot, devices;
 //! - [`profile`]: host-side traces of LWP records and reports from them;
 //! - [`guests`]: lwpvmm's own guests, embedded;
-//! - [`cli`]: the user-facing commands.
+//! - [`cli`]: the user-facing commands;
+//! - [`firecracker`]: Firecracker's command line and API, over the same VMM;
+//! - [`log_sink`]: where the log lines go.
 
 pub mod cli;
+pub mod firecracker;
 pub mod guard;
 pub mod guests;
+pub mod log_sink;
 pub mod lwp;
 pub mod profile;
 pub mod vmm;

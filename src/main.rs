@@ -21,40 +21,62 @@ const ERROR_STATUS: u8 = 2;
 /// them (a bad ring address, a descriptor index past the queue) and the
 /// crate does not limit them; lwpvmm counts those events (`device_errors`)
 /// and logs a device's failure itself, rate-limited.
-fn init_logging() {
+///
+/// Under Firecracker's command line the level is `--level` or `PUT /logger`'s,
+/// set at run time, so the logger passes every level and the global maximum
+/// (warnings until then) decides.
+fn init_logging(firecracker: bool) {
     let colour = match std::env::var("RUST_LOG_STYLE").as_deref() {
         Ok("always") => true,
         Ok("never") => false,
         _ => std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none(),
     };
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
-        .write_style(if colour {
-            env_logger::WriteStyle::Always
-        } else {
-            env_logger::WriteStyle::Never
-        })
-        .target(env_logger::Target::Pipe(Box::new(Stderr)))
-        .filter_module("virtio_queue", log::LevelFilter::Off)
-        .init();
+    let runtime_level = firecracker && std::env::var_os("RUST_LOG").is_none();
+    env_logger::Builder::from_env(
+        env_logger::Env::default().default_filter_or(if runtime_level { "trace" } else { "warn" }),
+    )
+    .write_style(if colour {
+        env_logger::WriteStyle::Always
+    } else {
+        env_logger::WriteStyle::Never
+    })
+    .target(env_logger::Target::Pipe(Box::new(lwpvmm::log_sink::Sink)))
+    .filter_module("virtio_queue", log::LevelFilter::Off)
+    .init();
+    if runtime_level {
+        log::set_max_level(log::LevelFilter::Warn);
+    }
 }
 
-/// Standard error as a plain writer: the logger's pipe target writes each
-/// line whole and never queries the terminal.
-struct Stderr;
-
-impl Write for Stderr {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        std::io::stderr().write(buf)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        std::io::stderr().flush()
-    }
+/// Whether lwpvmm runs under the name `firecracker` (a symlink or a copy):
+/// then its arguments are Firecracker's.
+fn as_firecracker() -> bool {
+    std::env::args_os()
+        .next()
+        .map(std::path::PathBuf::from)
+        .is_some_and(|p| p.file_name() == Some("firecracker".as_ref()))
 }
 
 fn main() -> ExitCode {
-    init_logging();
-    let cli = Cli::parse();
+    let firecracker = as_firecracker();
+    init_logging(
+        firecracker
+            || std::env::args_os()
+                .nth(1)
+                .is_some_and(|a| a == "firecracker"),
+    );
+    let cli = if firecracker {
+        Cli {
+            command: lwpvmm::cli::Command::Firecracker {
+                args: std::env::args_os()
+                    .skip(1)
+                    .map(|a| a.to_string_lossy().into_owned())
+                    .collect(),
+            },
+        }
+    } else {
+        Cli::parse()
+    };
     // Not locked for the whole run: the guest's serial console writes to
     // stdout from the vCPU threads meanwhile.
     match run(cli, &mut std::io::stdout()) {

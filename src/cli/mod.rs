@@ -58,6 +58,16 @@ pub enum Command {
         #[arg(long, value_enum, default_value_t = ProfileArg::Emulated)]
         lwp: ProfileArg,
     },
+    /// Take Firecracker's command line and serve its API (the same as
+    /// running lwpvmm under the name `firecracker`): README, "Running under
+    /// a Firecracker orchestrator".
+    #[command(disable_help_flag = true)]
+    Firecracker {
+        /// Firecracker's options: --api-sock PATH, --config-file FILE,
+        /// --no-api, --id, --log-path, --level, --metrics-path, ...
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Print the CPUID table a guest gets for an LWP profile (what lwpvmm
     /// passes to KVM_SET_CPUID2 for vCPU 0; needs /dev/kvm).
     Cpuid {
@@ -301,6 +311,7 @@ impl From<&HostArgs> for HostConfig {
                 sysroot: a.sysroot.clone(),
                 kernel_symbols: a.kernel_symbols.clone(),
                 kernel_image: None,
+                external: false,
             },
             syscall_fixup: a.syscall_fixup.into(),
         }
@@ -546,6 +557,9 @@ pub enum CliError {
     /// Options that do not go together.
     #[error("{0}")]
     Usage(String),
+    /// Firecracker's command line failed.
+    #[error(transparent)]
+    Firecracker(#[from] crate::firecracker::run::RunError),
     /// The run went on, but something it was asked to do failed.
     #[error("{}", .0.join("; "))]
     Incomplete(Vec<String>),
@@ -579,24 +593,7 @@ impl From<VmError> for CliError {
     }
 }
 
-/// Exit status of `lwpvmm run` when the guest asked for a reboot (lwpvmm
-/// does not restart guests; a kernel that panics with `panic=-1` ends here).
-pub const REBOOT_STATUS: u8 = 4;
-
-/// Exit status of `lwpvmm run` for how the VM ended: `(value << 1) | 1`
-/// for a write of `value` to port 0xf4, exactly as QEMU's isa-debug-exit;
-/// 0 for a power-off; [`REBOOT_STATUS`] for a reboot; 128 + N when signal
-/// N stopped it, as a shell reports a process a signal ended.
-pub fn exit_status(end: VmEnd) -> u8 {
-    match end {
-        VmEnd::Guest(GuestEnd::ExitPort(value)) => (value << 1) | 1,
-        VmEnd::Guest(GuestEnd::PowerOff) => 0,
-        VmEnd::Guest(GuestEnd::Reboot) => REBOOT_STATUS,
-        VmEnd::Guest(GuestEnd::OutputClosed) => 0,
-        VmEnd::Signal(signal) => 128u8.saturating_add(u8::try_from(signal).unwrap_or(0)),
-        VmEnd::Stopped => 0,
-    }
-}
+pub use crate::vmm::outcome::{REBOOT_STATUS, exit_status};
 
 fn read(what: &'static str, path: &PathBuf) -> Result<Vec<u8>, CliError> {
     std::fs::read(path).map_err(|source| CliError::Read {
@@ -673,6 +670,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
         }
         Command::Report(args) => report::report(out, &args),
         Command::Profile(args) => guest::profile(out, &args),
+        Command::Firecracker { args } => Ok(crate::firecracker::run::main(&args, out)?),
         Command::Demo { lwp } => guest::demo(out, lwp.into()),
         Command::Cpuid { lwp, guest, json } => {
             cpuid::print(out, lwp.into(), guest.into(), json)?;

@@ -370,6 +370,9 @@ impl Control {
                 Request::Metrics(reply) => {
                     let _ = reply.send(VmCounters::of(&self.metrics, &self.device_metrics));
                 }
+                Request::FlushMetrics(reply) => {
+                    let _ = reply.send(self.flush_metrics());
+                }
                 Request::Paused(reply) => {
                     let _ = reply.send(*paused);
                 }
@@ -651,6 +654,20 @@ impl Control {
         let e = format!("cannot write the metrics to {}: {e}", file.path().display());
         log::error!("{e}");
         matches!(end, Ok(Some(_))).then_some(e)
+    }
+
+    /// Writes the metrics file now, for a request.
+    fn flush_metrics(&self) -> Result<(), ControlError> {
+        let file = self
+            .metrics_file
+            .as_ref()
+            .ok_or(ControlError::NoMetricsFile)?;
+        let counters = VmCounters::of(&self.metrics, &self.device_metrics);
+        let document = metrics_document(None, &counters, &[]);
+        serde_json::to_vec_pretty(&document)
+            .map_err(std::io::Error::other)
+            .and_then(|bytes| file.replace(&bytes))
+            .map_err(|e| ControlError::host("writing the metrics file", e))
     }
 
     /// Stops and joins every vCPU, flushes the console and the trace, writes

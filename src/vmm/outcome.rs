@@ -32,6 +32,25 @@ impl std::fmt::Display for VmEnd {
     }
 }
 
+/// Exit status of `a run` when the guest asked for a reboot (lwpvmm
+/// does not restart guests; a kernel that panics with `panic=-1` ends here).
+pub const REBOOT_STATUS: u8 = 4;
+
+/// Exit status of `a run` for how the VM ended: `(value << 1) | 1`
+/// for a write of `value` to port 0xf4, exactly as QEMU's isa-debug-exit;
+/// 0 for a power-off; [`REBOOT_STATUS`] for a reboot; 128 + N when signal
+/// N stopped it, as a shell reports a process a signal ended.
+pub fn exit_status(end: VmEnd) -> u8 {
+    match end {
+        VmEnd::Guest(GuestEnd::ExitPort(value)) => (value << 1) | 1,
+        VmEnd::Guest(GuestEnd::PowerOff) => 0,
+        VmEnd::Guest(GuestEnd::Reboot) => REBOOT_STATUS,
+        VmEnd::Guest(GuestEnd::OutputClosed) => 0,
+        VmEnd::Signal(signal) => 128u8.saturating_add(u8::try_from(signal).unwrap_or(0)),
+        VmEnd::Stopped => 0,
+    }
+}
+
 /// How a VM ended.
 #[derive(Debug, Clone)]
 pub struct RunOutcome {

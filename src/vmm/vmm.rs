@@ -69,7 +69,7 @@ impl Vmm {
         }
         let recorder = Arc::new(Recorder::new(
             outputs.trace,
-            host.api.sock.is_some() || host.api.listen.is_some(),
+            host.api.served(),
             host.profiling.sample_hz,
         ));
         recorder.set_whole_guest(host.profiling.kernel);

@@ -454,3 +454,34 @@ pub fn on_terminal(args: &[&str]) -> (Option<i32>, String) {
     );
     (out.status.code(), text)
 }
+
+/// Sends one HTTP request to the API on the Unix socket `sock` and returns
+/// (status, body): as `curl --unix-socket sock -X method http://localhost{path} -d body`.
+pub fn http(sock: &std::path::Path, method: &str, path: &str, body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(sock)
+        .unwrap_or_else(|e| panic!("connect to {}: {e}", sock.display()));
+    let raw = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nAccept: application/json\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(raw.as_bytes()).expect("send the request");
+    let mut answer = Vec::new();
+    s.read_to_end(&mut answer).expect("read the answer");
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let status = text
+        .get(9..12)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP answer: {text:?}"));
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    (status, body.to_owned())
+}
+
+/// Waits until `path` exists (a socket lwpvmm binds), or panics after `within`.
+pub fn wait_for_path(path: &std::path::Path, within: Duration) {
+    let until = Instant::now() + within;
+    while !path.exists() {
+        assert!(Instant::now() < until, "{} did not appear", path.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

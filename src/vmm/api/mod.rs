@@ -9,6 +9,7 @@
 //! their connections and captures apart from the owner's, so no TCP
 //! client can delay the owner's socket and no client holds the VM.
 
+pub mod frontend;
 pub mod http;
 pub mod routes;
 
@@ -27,7 +28,8 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
 use thiserror::Error;
 
-use self::http::{Response, parse_request};
+use self::frontend::{Before, Frontend};
+use self::http::{Request, Response, parse_request};
 use self::routes::{Answer, Context, KernelSymbols, Origin, finish_profile, route};
 use crate::guest_warn;
 use crate::profile::objects::{KernelSymbolsError, read_kernel_symbols};
@@ -98,6 +100,16 @@ pub struct ApiConfig {
     /// The kernel the VM booted: its symbols, when it is an ELF that has
     /// them, name kernel frames unless `kernel_symbols` is given.
     pub kernel_image: Option<PathBuf>,
+    /// The API is served by a front end that started it before the VM
+    /// (Firecracker's): the VM binds nothing, but keeps what captures need.
+    pub external: bool,
+}
+
+impl ApiConfig {
+    /// Whether the VM is driven through an API, its own or a front end's.
+    pub fn served(&self) -> bool {
+        self.sock.is_some() || self.listen.is_some() || self.external
+    }
 }
 
 /// The socket file, removed when the API goes.
@@ -174,7 +186,50 @@ impl ApiListeners {
     }
 
     /// Serves on a thread of its own until [`ApiThread::finish`].
-    pub fn start(mut self, vm: VmmHandle, mode: SeccompMode) -> Result<ApiThread, ApiError> {
+    pub fn start(self, vm: VmmHandle, mode: SeccompMode) -> Result<ApiThread, ApiError> {
+        let phase = Phase::Running {
+            vm,
+            started: None,
+            frontend: None,
+        };
+        self.spawn(phase, mode)
+    }
+
+    /// Serves `frontend` on a thread of its own, before any VM exists, until
+    /// [`ApiThread::finish`]; once it starts a VM, lwpvmm's endpoints
+    /// serve that VM too.
+    pub fn start_frontend(
+        self,
+        frontend: Box<dyn Frontend>,
+        mode: SeccompMode,
+    ) -> Result<ApiThread, ApiError> {
+        self.spawn(Phase::Before(Some(frontend)), mode)
+    }
+
+    /// Serves `frontend` for a VM it did not start itself (a config file's,
+    /// booted at once), until [`ApiThread::finish`].
+    pub fn start_started(
+        self,
+        frontend: Box<dyn Frontend>,
+        started: frontend::Started,
+        mode: SeccompMode,
+    ) -> Result<ApiThread, ApiError> {
+        let mut listeners = self;
+        if started.sysroot.is_some() {
+            listeners.sysroot = started.sysroot;
+        }
+        if started.kernel.is_some() {
+            listeners.kernel = started.kernel;
+        }
+        let phase = Phase::Running {
+            vm: started.vm,
+            started: None,
+            frontend: Some(frontend),
+        };
+        listeners.spawn(phase, mode)
+    }
+
+    fn spawn(mut self, phase: Phase, mode: SeccompMode) -> Result<ApiThread, ApiError> {
         let (stop, stopped) = UnixStream::pair().map_err(ApiError::Thread)?;
         // Removed by this thread at the end: the API thread may not unlink.
         let file = self.file.take();
@@ -182,7 +237,14 @@ impl ApiListeners {
             .name("lwpvmm-api".into())
             .spawn(
                 move || match seccomp::install(ThreadKind::Api, mode, "api") {
-                    Ok(()) => self.serve(&vm, &stopped),
+                    Ok(()) => {
+                        let mut server = Server {
+                            phase,
+                            sysroot: self.sysroot.take(),
+                            kernel: self.kernel.take(),
+                        };
+                        self.serve(&mut server, &stopped);
+                    }
                     Err(e) => {
                         log::error!("the API thread stops: {e}");
                     }
@@ -196,20 +258,13 @@ impl ApiListeners {
         })
     }
 
-    fn serve(&self, vm: &VmmHandle, stopped: &UnixStream) {
-        let mut cx = Context {
-            vm,
-            sysroot: self.sysroot.clone(),
-            kernel: self.kernel.clone(),
-            started: None,
-            origin: Origin::Unix,
-        };
+    fn serve(&self, server: &mut Server, stopped: &UnixStream) {
         let mut conns: Vec<Conn> = Vec::new();
         // Once the VM ends: until when the answers still due may go out.
         let mut stopping: Option<Instant> = None;
         loop {
             let now = Instant::now();
-            conns.retain_mut(|c| c.tick(now, &mut cx));
+            conns.retain_mut(|c| c.tick(now, server));
             if let Some(end) = stopping
                 && (conns.is_empty() || now >= end)
             {
@@ -250,7 +305,7 @@ impl ApiListeners {
             let mut at = listeners;
             conns.retain_mut(|c| {
                 at += 1;
-                !ready[at - 1] || c.ready(Instant::now(), &mut cx)
+                !ready[at - 1] || c.ready(Instant::now(), server)
             });
             if listeners == 0 {
                 continue;
@@ -260,7 +315,7 @@ impl ApiListeners {
                 // and requests not yet read get no answer.
                 let now = Instant::now();
                 stopping = Some(now + FINAL_FLUSH);
-                conns.retain_mut(|c| c.finish(now, &cx));
+                conns.retain_mut(|c| c.finish(now, server));
                 continue;
             }
             let mut next = ready[1..listeners].iter();
@@ -287,6 +342,104 @@ impl ApiListeners {
                     Err(e) => accept_failed(&e),
                 }
             }
+        }
+    }
+}
+
+/// Where the API stands: before a front end started the VM, or serving it.
+enum Phase {
+    /// A front end answers everything (`None` only while it starts the VM).
+    Before(Option<Box<dyn Frontend>>),
+    /// The VM runs.
+    Running {
+        vm: VmmHandle,
+        /// The capture `PUT /capture/start` began.
+        started: Option<CaptureId>,
+        /// The front end that started it, which answers first.
+        frontend: Option<Box<dyn Frontend>>,
+    },
+}
+
+/// What answers the API's requests, in either phase.
+struct Server {
+    phase: Phase,
+    sysroot: Option<Arc<Sysroot>>,
+    kernel: Option<KernelSymbols>,
+}
+
+impl Server {
+    fn route(&mut self, request: &Request, origin: Origin) -> Answer {
+        match &mut self.phase {
+            Phase::Before(frontend) => {
+                let Some(mut front) = frontend.take() else {
+                    return Response::fault(503, "the VM is starting").into();
+                };
+                match front.before_start(request) {
+                    Before::Now(r) => {
+                        *frontend = Some(front);
+                        r.into()
+                    }
+                    Before::Started(r, started) => {
+                        if started.sysroot.is_some() {
+                            self.sysroot = started.sysroot;
+                        }
+                        if started.kernel.is_some() {
+                            self.kernel = started.kernel;
+                        }
+                        self.phase = Phase::Running {
+                            vm: started.vm,
+                            started: None,
+                            frontend: Some(front),
+                        };
+                        r.into()
+                    }
+                }
+            }
+            Phase::Running {
+                vm,
+                started,
+                frontend,
+            } => {
+                if origin == Origin::Unix
+                    && let Some(answer) = frontend.as_mut().and_then(|f| f.after_start(request, vm))
+                {
+                    return answer.into();
+                }
+                let mut cx = Context {
+                    vm,
+                    sysroot: self.sysroot.clone(),
+                    kernel: self.kernel.clone(),
+                    started: *started,
+                    origin,
+                };
+                let answer = route(request, origin, &mut cx);
+                *started = cx.started;
+                answer
+            }
+        }
+    }
+
+    /// The profile of capture `id`, once due.
+    fn finish_profile(&self, id: CaptureId) -> Response {
+        match &self.phase {
+            Phase::Running { vm, .. } => finish_profile(
+                id,
+                &Context {
+                    vm,
+                    sysroot: self.sysroot.clone(),
+                    kernel: self.kernel.clone(),
+                    started: None,
+                    origin: Origin::Unix,
+                },
+            ),
+            Phase::Before(_) => Response::fault(500, "the capture was lost"),
+        }
+    }
+
+    /// A client that waited for capture `id` went away.
+    fn drop_capture(&self, id: CaptureId) {
+        if let Phase::Running { vm, .. } = &self.phase {
+            vm.recorder().finish_capture(id);
         }
     }
 }
@@ -428,11 +581,11 @@ impl Conn {
     }
 
     /// Moves on with time; false when the connection is done.
-    fn tick(&mut self, now: Instant, cx: &mut Context<'_>) -> bool {
+    fn tick(&mut self, now: Instant, server: &Server) -> bool {
         match self.state {
             State::Waiting { id, due, .. } => {
                 if now >= due {
-                    self.respond(finish_profile(id, cx), now);
+                    self.respond(server.finish_profile(id), now);
                 }
                 true
             }
@@ -449,10 +602,10 @@ impl Conn {
 
     /// The VM ended: a capture's client gets its profile, a request not
     /// yet read is dropped; false when the connection is done.
-    fn finish(&mut self, now: Instant, cx: &Context<'_>) -> bool {
+    fn finish(&mut self, now: Instant, server: &Server) -> bool {
         match self.state {
             State::Waiting { id, .. } => {
-                self.respond(finish_profile(id, cx), now);
+                self.respond(server.finish_profile(id), now);
                 true
             }
             State::Reading(_) => false,
@@ -462,7 +615,7 @@ impl Conn {
 
     /// Moves on with what the stream is ready for; false when the
     /// connection is done.
-    fn ready(&mut self, now: Instant, cx: &mut Context<'_>) -> bool {
+    fn ready(&mut self, now: Instant, server: &mut Server) -> bool {
         match &mut self.state {
             State::Reading(buf) => {
                 let mut chunk = [0u8; 4096];
@@ -475,7 +628,7 @@ impl Conn {
                     match parse_request(buf) {
                         Ok(None) => {}
                         Ok(Some(request)) => {
-                            match route(&request, self.origin, cx) {
+                            match server.route(&request, self.origin) {
                                 Answer::Now(r) => self.respond(r, now),
                                 Answer::Profile { id, due } => {
                                     self.state = State::Waiting { id, due, extra: 0 };
@@ -508,7 +661,7 @@ impl Conn {
                     }
                 };
                 if gone {
-                    cx.vm.recorder().finish_capture(*id);
+                    server.drop_capture(*id);
                 }
                 !gone
             }

@@ -628,6 +628,9 @@ mod tests {
                     VmRequest::Paused(r) => {
                         let _ = r.send(true);
                     }
+                    VmRequest::FlushMetrics(r) => {
+                        let _ = r.send(Err(ControlError::NoMetricsFile));
+                    }
                     VmRequest::SampleHz(hz, r) => {
                         let _ = r.send(match hz {
                             7 => Err(ControlError::NoSampler),

@@ -31,6 +31,11 @@ pub enum ControlError {
     /// A diff snapshot of a VM started without `--snapshot-diff`.
     #[error("diff snapshots need dirty-page tracking: start the VM with --snapshot-diff")]
     DiffUntracked,
+    /// A metrics flush for a VM without a metrics file.
+    #[error(
+        "this VM has no metrics file: configure one first (--metrics, or PUT /metrics before start)"
+    )]
+    NoMetricsFile,
     /// A diff snapshot with nothing to be a diff of.
     #[error(
         "a diff snapshot needs a parent: this VM has written no snapshot since it started and was not restored from one; take a full one first"
@@ -94,9 +99,10 @@ impl ControlError {
     pub fn fault(&self) -> Fault {
         match self {
             ControlError::ParentDirectory(_) | ControlError::Directory { .. } => Fault::Request,
-            ControlError::NoSampler | ControlError::DiffUntracked | ControlError::NoParent => {
-                Fault::Conflict
-            }
+            ControlError::NoSampler
+            | ControlError::DiffUntracked
+            | ControlError::NoParent
+            | ControlError::NoMetricsFile => Fault::Conflict,
             ControlError::NotRunning | ControlError::Stopped(_) => Fault::Stopping,
             ControlError::Protocol { .. } | ControlError::Host { .. } => Fault::Host,
             ControlError::Snapshot { source, .. } => source.fault(),

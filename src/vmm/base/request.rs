@@ -60,6 +60,8 @@ pub enum Request {
     Metrics(Sender<VmCounters>),
     /// Whether the VM is paused.
     Paused(Sender<bool>),
+    /// Write the metrics file now.
+    FlushMetrics(Sender<Result<(), ControlError>>),
     /// Set the sampler's rate.
     SampleHz(u32, Sender<Result<(), ControlError>>),
     /// Stop the VM.
@@ -154,6 +156,11 @@ impl VmmHandle {
             },
             received,
         )
+    }
+
+    /// Writes the metrics file now (Firecracker's `FlushMetrics`).
+    pub fn flush_metrics(&self) -> Result<(), ControlError> {
+        self.ask(Request::FlushMetrics)?
     }
 
     /// Whether the VM is paused now.

@@ -1,0 +1,283 @@
+//! The main thread's side of Firecracker's API: what the API thread, under
+//! its seccomp allowlist, may not do itself. It opens the files a client
+//! named, builds the VM (booted from a [`Setup`], or loaded from a
+//! snapshot) and hands the API its handle, or sends the log lines to the
+//! file `PUT /logger` names. Requests arrive as [`Launch`] messages; each
+//! answer is typed ([`LaunchError`]), never a string.
+
+use std::fs::File;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::mpsc::Sender;
+
+use thiserror::Error;
+
+use super::setup::{LwpSetup, Setup, SetupError, parse_mac};
+use crate::profile::objects::read_kernel_symbols;
+use crate::profile::sysroot::{Sysroot, SysrootError};
+use crate::vmm::api::ApiConfig;
+use crate::vmm::api::frontend::Started;
+use crate::vmm::base::seccomp::SeccompMode;
+use crate::vmm::config::SyscallFixupMode;
+use crate::vmm::devices::port_bus::SerialOut;
+use crate::vmm::devices::virtio::{DiskConfig, NetConfig};
+use crate::vmm::{HostConfig, Profiling, RestoreConfig, SnapshotPlan, VmConfig, VmError, Vmm};
+
+/// The most bytes of a kernel or initramfs lwpvmm reads (1 GiB).
+pub const MAX_IMAGE_BYTES: u64 = 1 << 30;
+
+/// Why the main thread could not do what the API asked.
+#[derive(Debug, Error)]
+pub enum LaunchError {
+    /// A file named in the configuration cannot be read.
+    #[error("cannot read {what} {path}: {source}")]
+    Read {
+        /// Which file.
+        what: &'static str,
+        /// Its path.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A file past [`MAX_IMAGE_BYTES`].
+    #[error("{what} {path} is larger than {MAX_IMAGE_BYTES} bytes")]
+    TooLarge {
+        /// Which file.
+        what: &'static str,
+        /// Its path.
+        path: PathBuf,
+    },
+    /// The configuration is incomplete.
+    #[error(transparent)]
+    Setup(#[from] SetupError),
+    /// The initramfs cannot name a profile's frames.
+    #[error("initrd_path: {0}")]
+    Sysroot(#[from] SysrootError),
+    /// The VM could not be built.
+    #[error(transparent)]
+    Vm(#[from] VmError),
+    /// The log file cannot be used.
+    #[error("log_path {path}: {why}")]
+    Log {
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        why: String,
+    },
+}
+
+/// A snapshot to load.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadPlan {
+    /// lwpvmm's snapshot directory.
+    pub dir: PathBuf,
+    /// Track dirty pages, for Diff snapshots of the loaded VM.
+    pub track_dirty_pages: bool,
+    /// Run at once; else pause it as it starts.
+    pub resume: bool,
+}
+
+/// What the API thread asks of the main thread.
+pub enum Launch {
+    /// Boot this configuration.
+    Boot(Box<Setup>, Sender<Result<Started, LaunchError>>),
+    /// Load this snapshot.
+    Load(LoadPlan, Sender<Result<Started, LaunchError>>),
+    /// Append the log lines to this file.
+    Logger(PathBuf, Sender<Result<(), LaunchError>>),
+}
+
+/// Host settings every VM of the front end shares.
+#[derive(Debug, Clone, Copy)]
+pub struct HostSettings {
+    /// The seccomp filters.
+    pub seccomp: SeccompMode,
+}
+
+/// Reads a whole image, bounded.
+fn read_image(what: &'static str, path: &Path) -> Result<Vec<u8>, LaunchError> {
+    use std::io::Read;
+    let err = |source| LaunchError::Read {
+        what,
+        path: path.to_owned(),
+        source,
+    };
+    let file = File::options()
+        .read(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(path)
+        .map_err(err)?;
+    let meta = file.metadata().map_err(err)?;
+    if !meta.is_file() {
+        return Err(err(std::io::Error::other("not a regular file")));
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_IMAGE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(err)?;
+    if bytes.len() as u64 > MAX_IMAGE_BYTES {
+        return Err(LaunchError::TooLarge {
+            what,
+            path: path.to_owned(),
+        });
+    }
+    Ok(bytes)
+}
+
+/// The host side of a VM of this front end.
+fn host(
+    settings: HostSettings,
+    lwp: &LwpSetup,
+    metrics: Option<PathBuf>,
+    diff: bool,
+) -> HostConfig {
+    HostConfig {
+        serial: SerialOut::Stdout,
+        snapshots: SnapshotPlan {
+            diff,
+            ..SnapshotPlan::default()
+        },
+        seccomp: settings.seccomp,
+        stop_on_signals: true,
+        profiling: Profiling {
+            sample_hz: lwp.sample_hz,
+            trace: lwp.trace.clone(),
+            metrics,
+            ..Profiling::default()
+        },
+        api: ApiConfig {
+            external: true,
+            ..ApiConfig::default()
+        },
+        syscall_fixup: SyscallFixupMode::Auto,
+    }
+}
+
+/// Builds the VM `setup` describes; its handle goes to the API.
+pub fn boot(setup: &Setup, settings: HostSettings) -> Result<(Vmm, Started), LaunchError> {
+    let boot = setup.boot.as_ref().ok_or(SetupError::NoKernel)?;
+    let kernel_path = PathBuf::from(&boot.kernel_image_path);
+    let kernel = read_image("kernel_image_path", &kernel_path)?;
+    let initrd = boot.initrd_path.as_ref().map(PathBuf::from);
+    let initramfs = initrd
+        .as_deref()
+        .map(|p| read_image("initrd_path", p))
+        .transpose()?;
+    let cmdline = setup.cmdline(|| crate::vmm::boot::default_cmdline(&kernel, None))?;
+    let nets = setup
+        .nets
+        .iter()
+        .map(|n| {
+            Ok(NetConfig {
+                tap: n.host_dev_name.clone(),
+                mac: n.guest_mac.as_deref().map(parse_mac).transpose()?,
+            })
+        })
+        .collect::<Result<Vec<_>, SetupError>>()?;
+    let config = VmConfig {
+        kernel,
+        initramfs,
+        cmdline,
+        memory_mib: setup.machine.mem_size_mib,
+        vcpus: setup.machine.vcpu_count,
+        profile: setup.lwp.profile,
+        guest: setup.lwp.guest,
+        program: None,
+        disks: setup
+            .ordered_drives()
+            .into_iter()
+            .map(|d| DiskConfig {
+                path: d.path_on_host.clone().unwrap_or_default().into(),
+                read_only: d.is_read_only,
+            })
+            .collect(),
+        nets,
+        host: host(
+            settings,
+            &setup.lwp,
+            setup
+                .metrics
+                .as_ref()
+                .map(|m| m.metrics_path.clone().into()),
+            setup.machine.track_dirty_pages,
+        ),
+    };
+    let sysroot = initrd
+        .as_deref()
+        .map(Sysroot::open)
+        .transpose()?
+        .map(Arc::new);
+    let kernel_symbols = read_kernel_symbols(&kernel_path)
+        .ok()
+        .map(|bytes| (kernel_path.display().to_string(), Arc::new(bytes)));
+    let vmm = crate::vmm::build_for_boot(&config)?;
+    let started = Started {
+        vm: vmm.handle(),
+        sysroot,
+        kernel: kernel_symbols,
+    };
+    Ok((vmm, started))
+}
+
+/// Builds the VM a snapshot holds; its handle goes to the API.
+pub fn load(
+    plan: &LoadPlan,
+    setup: &Setup,
+    settings: HostSettings,
+) -> Result<(Vmm, Started), LaunchError> {
+    let config = RestoreConfig {
+        dir: plan.dir.clone(),
+        profile: None,
+        verify: false,
+        host: host(
+            settings,
+            &setup.lwp,
+            setup
+                .metrics
+                .as_ref()
+                .map(|m| m.metrics_path.clone().into()),
+            plan.track_dirty_pages,
+        ),
+    };
+    let vmm = crate::vmm::build_from_snapshot(&config)?;
+    let started = Started {
+        vm: vmm.handle(),
+        sysroot: None,
+        kernel: None,
+    };
+    if !plan.resume {
+        // Queued before the VM runs: the control thread pauses it first.
+        let vm = started.vm.clone();
+        std::thread::spawn(move || {
+            let _ = vm.pause();
+        });
+    }
+    Ok((vmm, started))
+}
+
+/// Opens the log file `PUT /logger` or `--log-path` names: a regular file
+/// (appended to, never followed through a symbolic link) or a FIFO a
+/// reader holds open.
+pub fn open_log(path: &Path) -> Result<File, LaunchError> {
+    let err = |why: String| LaunchError::Log {
+        path: path.to_owned(),
+        why,
+    };
+    let file = File::options()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ENXIO) => err("a FIFO with no reader: open it for reading first".into()),
+            Some(libc::ELOOP) => err("a symbolic link: give the file itself".into()),
+            _ => err(e.to_string()),
+        })?;
+    let kind = file.metadata().map_err(|e| err(e.to_string()))?.file_type();
+    if !(kind.is_file() || kind.is_fifo()) {
+        return Err(err("not a regular file or a FIFO".into()));
+    }
+    Ok(file)
+}

@@ -1,0 +1,223 @@
+//! `firecracker ...` (lwpvmm under that name) and `lwpvmm firecracker ...`:
+//! the process an orchestrator starts. It serves Firecracker's API on the
+//! socket, or with `--config-file` boots at once; the main thread waits
+//! for what the API asks of it ([`Launch`]), builds the VM, runs it to its
+//! end, and exits as `lwpvmm run` does.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{RecvTimeoutError, channel};
+use std::time::Duration;
+
+use thiserror::Error;
+
+use super::args::{Args, ArgsError};
+use super::frontend::{FirecrackerApi, set_level};
+use super::launch::{self, HostSettings, Launch, LaunchError};
+use super::model::{API_VERSION, FullConfig, Metrics};
+use super::setup::{Setup, SetupError};
+use crate::vmm::api::{ApiConfig, ApiError, ApiListeners};
+use crate::vmm::base::seccomp::SeccompMode;
+use crate::vmm::snapshot::{self, SnapshotError};
+use crate::vmm::{RunOutcome, VmError, Vmm};
+
+/// The most bytes of a `--config-file`.
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// Why the process could not serve or run the VM.
+#[derive(Debug, Error)]
+pub enum RunError {
+    /// A bad command line.
+    #[error("{0}")]
+    Args(#[from] ArgsError),
+    /// The config file cannot be read.
+    #[error("--config-file {path}: {why}")]
+    ConfigFile {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        why: String,
+    },
+    /// The config file asks what cannot be.
+    #[error("--config-file: {0}")]
+    Setup(#[from] SetupError),
+    /// The API could not start.
+    #[error(transparent)]
+    Api(#[from] ApiError),
+    /// The VM could not be built.
+    #[error(transparent)]
+    Launch(#[from] LaunchError),
+    /// The VM failed.
+    #[error(transparent)]
+    Vm(#[from] VmError),
+    /// `--describe-snapshot`.
+    #[error("--describe-snapshot: {0}")]
+    Snapshot(#[from] SnapshotError),
+    /// Writing to standard output failed.
+    #[error("cannot write output: {0}")]
+    Output(#[from] std::io::Error),
+    /// Signals could not be registered.
+    #[error("cannot register SIGINT and SIGTERM: {0}")]
+    Signals(std::io::Error),
+    /// The API thread went away before a VM started.
+    #[error("the API thread stopped before the microVM started")]
+    ApiGone,
+}
+
+/// Reads a config file: bounded, a regular file, not followed through a
+/// symbolic link.
+fn read_config(path: &Path) -> Result<FullConfig, RunError> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let err = |why: String| RunError::ConfigFile {
+        path: path.to_owned(),
+        why,
+    };
+    let file = std::fs::File::options()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| err(e.to_string()))?;
+    if !file.metadata().map_err(|e| err(e.to_string()))?.is_file() {
+        return Err(err("not a regular file".into()));
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_CONFIG_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| err(e.to_string()))?;
+    if bytes.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(err(format!("larger than {MAX_CONFIG_BYTES} bytes")));
+    }
+    serde_json::from_slice(&bytes).map_err(|e| err(e.to_string()))
+}
+
+/// Runs Firecracker's command line `args` (after the program's name);
+/// returns the exit status.
+pub fn main(args: &[String], out: &mut dyn Write) -> Result<u8, RunError> {
+    let args = Args::parse(args)?;
+    if args.version {
+        writeln!(
+            out,
+            "Firecracker v{API_VERSION} (lwpvmm {}: Firecracker's API and command line over lwpvmm)",
+            env!("CARGO_PKG_VERSION")
+        )?;
+        return Ok(0);
+    }
+    if let Some(path) = &args.describe_snapshot {
+        let dir = if path.file_name() == Some(snapshot::STATE_FILE.as_ref()) {
+            path.parent().unwrap_or(Path::new(".")).to_owned()
+        } else {
+            path.clone()
+        };
+        let state = snapshot::read_state(&dir)?;
+        writeln!(
+            out,
+            "lwpvmm snapshot format {}, written by lwpvmm {}",
+            snapshot::FORMAT_VERSION,
+            state.lwpvmm_version
+        )?;
+        return Ok(0);
+    }
+    if let Some(path) = &args.log_path {
+        crate::log_sink::redirect(launch::open_log(path)?);
+    }
+    set_level(args.level.as_deref());
+    let mut setup = match &args.config_file {
+        Some(path) => {
+            let config = read_config(path)?;
+            if let Some(log_path) = config.logger.as_ref().and_then(|l| l.log_path.as_ref()) {
+                crate::log_sink::redirect(launch::open_log(Path::new(log_path))?);
+            }
+            set_level(config.logger.as_ref().and_then(|l| l.level.as_deref()));
+            Setup::from_file(config)?
+        }
+        None => Setup::default(),
+    };
+    if let Some(path) = &args.metrics_path {
+        setup.metrics(Metrics {
+            metrics_path: path.display().to_string(),
+            emit_id: None,
+            properties: None,
+        })?;
+    }
+    let settings = HostSettings {
+        seccomp: if args.no_seccomp {
+            SeccompMode::Off
+        } else {
+            SeccompMode::On
+        },
+    };
+    let Some(sock) = args.api_sock.clone() else {
+        let (vmm, _) = launch::boot(&setup, settings)?;
+        return finish(vmm.run()?);
+    };
+    let listeners = ApiListeners::bind(&ApiConfig {
+        sock: Some(sock),
+        ..ApiConfig::default()
+    })?
+    .ok_or(RunError::ApiGone)?;
+    let (launcher, launches) = channel();
+    let api = FirecrackerApi::new(setup.clone(), args.id.clone(), launcher);
+    if args.config_file.is_some() {
+        let (vmm, started) = launch::boot(&setup, settings)?;
+        let thread = listeners.start_started(Box::new(api), started, settings.seccomp)?;
+        let outcome = vmm.run();
+        thread.finish();
+        return finish(outcome?);
+    }
+    let thread = listeners.start_frontend(Box::new(api), settings.seccomp)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, Arc::clone(&stop)).map_err(RunError::Signals)?;
+    }
+    let vmm: Vmm = loop {
+        if stop.load(Ordering::Acquire) {
+            thread.finish();
+            return Ok(130);
+        }
+        let launch = match launches.recv_timeout(Duration::from_millis(100)) {
+            Ok(l) => l,
+            Err(RecvTimeoutError::Timeout) => continue,
+            Err(RecvTimeoutError::Disconnected) => {
+                thread.finish();
+                return Err(RunError::ApiGone);
+            }
+        };
+        match launch {
+            Launch::Boot(setup, reply) => match launch::boot(&setup, settings) {
+                Ok((vmm, started)) => {
+                    let _ = reply.send(Ok(started));
+                    break vmm;
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+            },
+            Launch::Load(plan, reply) => match launch::load(&plan, &setup, settings) {
+                Ok((vmm, started)) => {
+                    let _ = reply.send(Ok(started));
+                    break vmm;
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+            },
+            Launch::Logger(path, reply) => {
+                let _ = reply.send(launch::open_log(&path).map(crate::log_sink::redirect));
+            }
+        }
+    };
+    let outcome = vmm.run();
+    thread.finish();
+    finish(outcome?)
+}
+
+/// The exit status of a finished run, as `lwpvmm run` gives it.
+fn finish(outcome: RunOutcome) -> Result<u8, RunError> {
+    for e in &outcome.errors {
+        log::error!("{e}");
+    }
+    Ok(crate::vmm::outcome::exit_status(outcome.end))
+}

@@ -1,0 +1,535 @@
+//! The machine a Firecracker client configures before `InstanceStart`:
+//! each pre-boot request applied to a [`Setup`], checked as Firecracker
+//! checks it, and what lwpvmm does not offer refused by name. Pure: the
+//! files it names are only looked at (exists, regular) here; the launcher
+//! opens them.
+
+use std::path::{Path, PathBuf};
+
+use thiserror::Error;
+
+use super::model::{
+    BootSource, Drive, FullConfig, Logger, Lwp, MachineConfig, MachineConfigBody, Metrics,
+    NetworkInterface,
+};
+use crate::lwp::cpuid::{GuestLwpSupport, LwpProfile};
+use crate::vmm::config::DEFAULT_MEMORY_MIB;
+
+/// Firecracker's limit on vCPUs.
+pub const MAX_VCPUS: u64 = 32;
+/// The most drives and network interfaces each (lwpvmm's MMIO window).
+pub const MAX_DEVICES: usize = 8;
+/// The sampler's rate unless `lwp.sample_hz` says otherwise.
+pub const DEFAULT_SAMPLE_HZ: u32 = 1000;
+
+/// Why a request was refused: each says what to send instead.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum SetupError {
+    /// A field lwpvmm does not offer.
+    #[error("{field} is not offered by lwpvmm: {why}")]
+    NotOffered {
+        /// The field or endpoint.
+        field: &'static str,
+        /// Why, and what to do.
+        why: &'static str,
+    },
+    /// A value out of its range or not one of its choices.
+    #[error("{field}: {why}")]
+    Invalid {
+        /// The field.
+        field: &'static str,
+        /// What is wrong.
+        why: String,
+    },
+    /// The id in the path and the body differ.
+    #[error("the id from the path ({path}) does not match the id from the body ({body})")]
+    IdMismatch {
+        /// The path's.
+        path: String,
+        /// The body's.
+        body: String,
+    },
+    /// A file that is not there or not a regular file.
+    #[error("{field} {path}: {why}")]
+    File {
+        /// The field.
+        field: &'static str,
+        /// The path.
+        path: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// A second root device.
+    #[error("a root block device is already added ({0}): only one drive may be the root")]
+    SecondRoot(String),
+    /// Too many devices.
+    #[error("lwpvmm offers at most {MAX_DEVICES} {0}")]
+    TooMany(&'static str),
+    /// `InstanceStart` with no kernel.
+    #[error(
+        "cannot start the microVM without a kernel: PUT /boot-source {{\"kernel_image_path\": ...}} first"
+    )]
+    NoKernel,
+}
+
+impl SetupError {
+    /// The HTTP status: Firecracker answers every refused request 400.
+    pub fn status(&self) -> u16 {
+        400
+    }
+}
+
+/// What LWP the guest gets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LwpSetup {
+    /// The profile.
+    pub profile: LwpProfile,
+    /// Whether the guest carries the shim.
+    pub guest: GuestLwpSupport,
+    /// The sampler's rate.
+    pub sample_hz: u32,
+    /// The trace file.
+    pub trace: Option<PathBuf>,
+}
+
+impl Default for LwpSetup {
+    fn default() -> Self {
+        LwpSetup {
+            profile: LwpProfile::Emulated,
+            guest: GuestLwpSupport::Shim,
+            sample_hz: DEFAULT_SAMPLE_HZ,
+            trace: None,
+        }
+    }
+}
+
+/// The pre-boot configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Setup {
+    /// `PUT /boot-source`.
+    pub boot: Option<BootSource>,
+    /// `/machine-config`.
+    pub machine: MachineConfig,
+    /// `PUT /drives/{id}`, in the order first put (the root goes first at
+    /// start, as /dev/vda).
+    pub drives: Vec<Drive>,
+    /// `PUT /network-interfaces/{id}`.
+    pub nets: Vec<NetworkInterface>,
+    /// `PUT /logger`.
+    pub logger: Option<Logger>,
+    /// `PUT /metrics`.
+    pub metrics: Option<Metrics>,
+    /// `PUT /lwp`.
+    pub lwp: LwpSetup,
+    /// The `lwp` object as given, for `GET /vm/config`.
+    pub lwp_body: Option<Lwp>,
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        Setup {
+            boot: None,
+            machine: MachineConfig {
+                vcpu_count: 1,
+                mem_size_mib: DEFAULT_MEMORY_MIB,
+                smt: false,
+                track_dirty_pages: false,
+                huge_pages: "None",
+            },
+            drives: Vec::new(),
+            nets: Vec::new(),
+            logger: None,
+            metrics: None,
+            lwp: LwpSetup::default(),
+            lwp_body: None,
+        }
+    }
+}
+
+/// Refuses a field that is set.
+fn refuse<T>(value: &Option<T>, field: &'static str, why: &'static str) -> Result<(), SetupError> {
+    match value {
+        Some(_) => Err(SetupError::NotOffered { field, why }),
+        None => Ok(()),
+    }
+}
+
+const NO_RATE_LIMITERS: &str =
+    "lwpvmm has no rate limiters; leave the field out (cgroups can bound the process's I/O)";
+
+/// Checks that `path` names a regular file.
+fn regular_file(field: &'static str, path: &str) -> Result<(), SetupError> {
+    let err = |why: String| SetupError::File {
+        field,
+        path: path.to_owned(),
+        why,
+    };
+    match std::fs::metadata(Path::new(path)) {
+        Ok(m) if m.is_file() => Ok(()),
+        Ok(_) => Err(err("not a regular file".into())),
+        Err(e) => Err(err(e.to_string())),
+    }
+}
+
+/// A MAC as `aa:bb:cc:dd:ee:ff`.
+pub fn parse_mac(text: &str) -> Result<[u8; 6], SetupError> {
+    let bad = || SetupError::Invalid {
+        field: "guest_mac",
+        why: format!("`{text}` is not a MAC address (give six hex bytes, e.g. 06:00:ac:10:00:02)"),
+    };
+    let mut mac = [0u8; 6];
+    let mut parts = text.split(':');
+    for byte in &mut mac {
+        let part = parts.next().ok_or_else(bad)?;
+        if part.len() != 2 {
+            return Err(bad());
+        }
+        *byte = u8::from_str_radix(part, 16).map_err(|_| bad())?;
+    }
+    if parts.next().is_some() {
+        return Err(bad());
+    }
+    Ok(mac)
+}
+
+impl Setup {
+    /// `PUT /boot-source`.
+    pub fn boot_source(&mut self, boot: BootSource) -> Result<(), SetupError> {
+        regular_file("kernel_image_path", &boot.kernel_image_path)?;
+        if let Some(initrd) = &boot.initrd_path {
+            regular_file("initrd_path", initrd)?;
+        }
+        self.boot = Some(boot);
+        Ok(())
+    }
+
+    /// `PUT /machine-config` (`whole`: both counts required) or `PATCH`.
+    pub fn machine_config(
+        &mut self,
+        body: MachineConfigBody,
+        whole: bool,
+    ) -> Result<(), SetupError> {
+        if whole && (body.vcpu_count.is_none() || body.mem_size_mib.is_none()) {
+            return Err(SetupError::Invalid {
+                field: "machine-config",
+                why: "PUT needs vcpu_count and mem_size_mib (PATCH changes some fields)".into(),
+            });
+        }
+        if let Some(t) = body.cpu_template.as_deref()
+            && t != "None"
+        {
+            return Err(SetupError::NotOffered {
+                field: "cpu_template",
+                why: "lwpvmm builds the CPUID table for the LWP profile itself (`lwpvmm cpuid` prints it); send \"None\" or leave it out",
+            });
+        }
+        if let Some(h) = body.huge_pages.as_deref()
+            && h != "None"
+        {
+            return Err(SetupError::NotOffered {
+                field: "huge_pages",
+                why: "guest memory is backed by 4 KiB pages; send \"None\" or leave it out",
+            });
+        }
+        if body.smt == Some(true) {
+            return Err(SetupError::NotOffered {
+                field: "smt",
+                why: "lwpvmm's vCPUs are one thread per core; send false or leave it out",
+            });
+        }
+        let mut next = self.machine;
+        if let Some(n) = body.vcpu_count {
+            next.vcpu_count = match u8::try_from(n) {
+                Ok(v) if (1..=MAX_VCPUS).contains(&n) => v,
+                _ => {
+                    return Err(SetupError::Invalid {
+                        field: "vcpu_count",
+                        why: format!("{n} is not between 1 and {MAX_VCPUS}"),
+                    });
+                }
+            };
+        }
+        if let Some(m) = body.mem_size_mib {
+            if m == 0 {
+                return Err(SetupError::Invalid {
+                    field: "mem_size_mib",
+                    why: "0 MiB is no memory".into(),
+                });
+            }
+            next.mem_size_mib = m;
+        }
+        if let Some(t) = body.track_dirty_pages {
+            next.track_dirty_pages = t;
+        }
+        self.machine = next;
+        Ok(())
+    }
+
+    /// `PUT /drives/{id}`: adds the drive, or replaces the one of that id.
+    pub fn drive(&mut self, id: &str, drive: Drive) -> Result<(), SetupError> {
+        if drive.drive_id != id {
+            return Err(SetupError::IdMismatch {
+                path: id.to_owned(),
+                body: drive.drive_id,
+            });
+        }
+        refuse(&drive.rate_limiter, "rate_limiter", NO_RATE_LIMITERS)?;
+        refuse(
+            &drive.socket,
+            "socket",
+            "lwpvmm has no vhost-user-block; give path_on_host, a raw image",
+        )?;
+        if let Some(c) = drive.cache_type.as_deref()
+            && c != "Unsafe"
+        {
+            return Err(SetupError::NotOffered {
+                field: "cache_type",
+                why: "lwpvmm's virtio-blk offers no flush (Writeback); send \"Unsafe\" or leave it out",
+            });
+        }
+        if let Some(e) = drive.io_engine.as_deref()
+            && e != "Sync"
+        {
+            return Err(SetupError::NotOffered {
+                field: "io_engine",
+                why: "lwpvmm's block device does its I/O on its device thread (Sync); send \"Sync\" or leave it out",
+            });
+        }
+        let Some(path) = &drive.path_on_host else {
+            return Err(SetupError::Invalid {
+                field: "path_on_host",
+                why: "a drive needs its raw image".into(),
+            });
+        };
+        regular_file("path_on_host", path)?;
+        if drive.is_root_device
+            && let Some(root) = self
+                .drives
+                .iter()
+                .find(|d| d.is_root_device && d.drive_id != id)
+        {
+            return Err(SetupError::SecondRoot(root.drive_id.clone()));
+        }
+        let full = self.drives.len() >= MAX_DEVICES;
+        match self.drives.iter_mut().find(|d| d.drive_id == id) {
+            Some(old) => *old = drive,
+            None if full => return Err(SetupError::TooMany("drives")),
+            None => self.drives.push(drive),
+        }
+        Ok(())
+    }
+
+    /// `PUT /network-interfaces/{id}`.
+    pub fn network(&mut self, id: &str, net: NetworkInterface) -> Result<(), SetupError> {
+        if net.iface_id != id {
+            return Err(SetupError::IdMismatch {
+                path: id.to_owned(),
+                body: net.iface_id,
+            });
+        }
+        refuse(&net.rx_rate_limiter, "rx_rate_limiter", NO_RATE_LIMITERS)?;
+        refuse(&net.tx_rate_limiter, "tx_rate_limiter", NO_RATE_LIMITERS)?;
+        refuse(
+            &net.mtu,
+            "mtu",
+            "lwpvmm's virtio-net does not offer VIRTIO_NET_F_MTU; set the MTU in the guest",
+        )?;
+        if net.host_dev_name.is_empty() || net.host_dev_name.len() > 15 {
+            return Err(SetupError::Invalid {
+                field: "host_dev_name",
+                why: "a tap's name is 1 to 15 bytes".into(),
+            });
+        }
+        if let Some(mac) = &net.guest_mac {
+            parse_mac(mac)?;
+        }
+        let full = self.nets.len() >= MAX_DEVICES;
+        match self.nets.iter_mut().find(|n| n.iface_id == id) {
+            Some(old) => *old = net,
+            None if full => {
+                return Err(SetupError::TooMany("network interfaces"));
+            }
+            None => self.nets.push(net),
+        }
+        Ok(())
+    }
+
+    /// `PUT /metrics`.
+    pub fn metrics(&mut self, metrics: Metrics) -> Result<(), SetupError> {
+        refuse(
+            &metrics.emit_id,
+            "emit_id",
+            "lwpvmm's metrics are one JSON object of its own counters; leave it out",
+        )?;
+        refuse(
+            &metrics.properties,
+            "properties",
+            "lwpvmm's metrics carry no labels; leave it out",
+        )?;
+        if self.metrics.is_some() {
+            return Err(SetupError::Invalid {
+                field: "metrics",
+                why: "the metrics are configured already (Firecracker allows it once)".into(),
+            });
+        }
+        self.metrics = Some(metrics);
+        Ok(())
+    }
+
+    /// `PUT /lwp`.
+    pub fn lwp(&mut self, lwp: Lwp) -> Result<(), SetupError> {
+        let mut next = LwpSetup::default();
+        if let Some(p) = lwp.profile.as_deref() {
+            next.profile = match p {
+                "off" => LwpProfile::Off,
+                "emulated" => LwpProfile::Emulated,
+                "precise" => LwpProfile::Precise,
+                "bulldozer" => LwpProfile::Bulldozer,
+                other => {
+                    return Err(SetupError::Invalid {
+                        field: "profile",
+                        why: format!(
+                            "`{other}` is not an LWP profile: give off, emulated, precise or bulldozer"
+                        ),
+                    });
+                }
+            };
+        }
+        if let Some(g) = lwp.guest.as_deref() {
+            next.guest = match g {
+                "shim" => GuestLwpSupport::Shim,
+                "stock" => GuestLwpSupport::Stock,
+                other => {
+                    return Err(SetupError::Invalid {
+                        field: "guest",
+                        why: format!("`{other}` is not shim or stock"),
+                    });
+                }
+            };
+        }
+        if let Some(hz) = lwp.sample_hz {
+            next.sample_hz = hz;
+        }
+        next.trace = lwp.trace.as_ref().map(PathBuf::from);
+        self.lwp = next;
+        self.lwp_body = Some(lwp);
+        Ok(())
+    }
+
+    /// Every part of a config file, in Firecracker's order.
+    pub fn from_file(config: FullConfig) -> Result<Setup, SetupError> {
+        refuse_features(&config)?;
+        let mut setup = Setup::default();
+        if let Some(m) = config.machine_config {
+            setup.machine_config(m, true)?;
+        }
+        if let Some(b) = config.boot_source {
+            setup.boot_source(b)?;
+        }
+        for d in config.drives {
+            let id = d.drive_id.clone();
+            setup.drive(&id, d)?;
+        }
+        for n in config.network_interfaces {
+            let id = n.iface_id.clone();
+            setup.network(&id, n)?;
+        }
+        if let Some(m) = config.metrics {
+            setup.metrics(m)?;
+        }
+        if let Some(l) = config.lwp {
+            setup.lwp(l)?;
+        }
+        setup.logger = config.logger;
+        Ok(setup)
+    }
+
+    /// `GET /vm/config`.
+    pub fn full(&self) -> FullConfig {
+        FullConfig {
+            boot_source: self.boot.clone(),
+            drives: self.drives.clone(),
+            machine_config: Some(MachineConfigBody {
+                vcpu_count: Some(self.machine.vcpu_count.into()),
+                mem_size_mib: Some(self.machine.mem_size_mib),
+                smt: Some(false),
+                track_dirty_pages: Some(self.machine.track_dirty_pages),
+                cpu_template: None,
+                huge_pages: Some("None".into()),
+            }),
+            network_interfaces: self.nets.clone(),
+            logger: self.logger.clone(),
+            metrics: self.metrics.clone(),
+            lwp: self.lwp_body.clone(),
+            ..FullConfig::default()
+        }
+    }
+
+    /// The drives in boot order: the root first (/dev/vda), then the rest
+    /// in the order they were put.
+    pub fn ordered_drives(&self) -> Vec<&Drive> {
+        let mut drives: Vec<&Drive> = self.drives.iter().filter(|d| d.is_root_device).collect();
+        drives.extend(self.drives.iter().filter(|d| !d.is_root_device));
+        drives
+    }
+
+    /// The kernel command line: `boot_args` (or lwpvmm's default for the
+    /// kernel, `default`), and for a root drive `root=` and `ro`/`rw` as
+    /// Firecracker adds them.
+    pub fn cmdline(&self, default: impl FnOnce() -> String) -> Result<String, SetupError> {
+        let boot = self.boot.as_ref().ok_or(SetupError::NoKernel)?;
+        let mut line = boot.boot_args.clone().unwrap_or_else(default);
+        if let Some(root) = self.drives.iter().find(|d| d.is_root_device) {
+            match &root.partuuid {
+                Some(uuid) => line.push_str(&format!(" root=PARTUUID={uuid}")),
+                None => line.push_str(" root=/dev/vda"),
+            }
+            line.push_str(if root.is_read_only { " ro" } else { " rw" });
+        }
+        Ok(line)
+    }
+}
+
+/// Refuses what a config file names that lwpvmm does not offer.
+pub fn refuse_features(config: &FullConfig) -> Result<(), SetupError> {
+    refuse(
+        &config.vsock,
+        "vsock",
+        "lwpvmm has no virtio-vsock device yet; reach the guest over a tap (network-interfaces) or its serial console",
+    )?;
+    for (value, field, why) in [
+        (
+            &config.balloon,
+            "balloon",
+            "lwpvmm has no balloon device; size mem_size_mib for the guest",
+        ),
+        (
+            &config.mmds_config,
+            "mmds-config",
+            "lwpvmm has no metadata service (MMDS); pass data on the kernel command line or a drive",
+        ),
+        (
+            &config.entropy,
+            "entropy",
+            "lwpvmm has no virtio-rng device; the guest seeds its RNG from RDRAND and RDSEED",
+        ),
+        (
+            &config.cpu_config,
+            "cpu-config",
+            "lwpvmm builds the CPUID table for the LWP profile itself (`lwpvmm cpuid` prints it)",
+        ),
+        (
+            &config.pmem,
+            "pmem",
+            "lwpvmm has no virtio-pmem device; give the image as a drive",
+        ),
+        (
+            &config.memory_hotplug,
+            "memory-hotplug",
+            "lwpvmm has no virtio-mem device; size mem_size_mib for the guest",
+        ),
+    ] {
+        refuse(value, field, why)?;
+    }
+    Ok(())
+}

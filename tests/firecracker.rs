@@ -1,0 +1,356 @@
+//! lwpvmm in Firecracker's place, as an orchestrator runs it: under the
+//! name `firecracker` (a symlink), configured over the API alone as
+//! Firecracker's getting-started guide does it with curl, the Linux guest
+//! boots and passes its self-test; a Full and a Diff snapshot are taken
+//! through `/snapshot/create` and the Diff is loaded in a new process
+//! through `/snapshot/load`, where the self-test completes. The same guest
+//! boots from a `--config-file` with `--no-api`. Misuse before and after
+//! the start is answered, and the process goes on.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use common::{Console, PROGRAMS, RUN_LIMIT, http, linux, require_kvm, spawn_within, wait_for_path};
+
+/// The self-test's summary line.
+const ALL_PASSED: &str = "lwp-linux-selftest: 22 passed, 0 failed";
+
+/// A scratch directory of this test's.
+fn scratch(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("fc-{name}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn path(p: &Path) -> &str {
+    p.to_str().expect("a UTF-8 path")
+}
+
+/// lwpvmm under the name `firecracker`, in `dir`.
+fn firecracker(dir: &Path) -> PathBuf {
+    let link = dir.join("firecracker");
+    std::os::unix::fs::symlink(common::BIN, &link).unwrap();
+    link
+}
+
+/// Sends a request and asserts its status.
+fn expect(sock: &Path, method: &str, at: &str, body: &str, status: u16) -> String {
+    let (got, answer) = http(sock, method, at, body);
+    assert_eq!(got, status, "{method} {at} {body}: {answer}");
+    answer
+}
+
+#[test]
+fn a_linux_guest_boots_snapshots_and_loads_through_firecrackers_api_alone() {
+    require_kvm();
+    let dir = scratch("api");
+    let bin = firecracker(&dir);
+    let sock = dir.join("firecracker.socket");
+    let log = dir.join("fc.log");
+    let metrics = dir.join("metrics.json");
+    let (full, diff) = (dir.join("full"), dir.join("diff"));
+    let linux = linux();
+    let mut vm = spawn_within(
+        Command::new(&bin).args(["--api-sock", path(&sock), "--id", "lwp-test"]),
+        RUN_LIMIT,
+    );
+    wait_for_path(&sock, Duration::from_secs(30));
+
+    // Misuse first: each is answered, and the process goes on.
+    expect(
+        &sock,
+        "PUT",
+        "/actions",
+        r#"{"action_type": "InstanceStart"}"#,
+        400,
+    );
+    expect(
+        &sock,
+        "PUT",
+        "/boot-source",
+        r#"{"kernel_image_path": "/no/such/vmlinux"}"#,
+        400,
+    );
+    expect(
+        &sock,
+        "PUT",
+        "/machine-config",
+        r#"{"vcpu_count": 2, "mem_size_mib": 64, "bogus": 1}"#,
+        400,
+    );
+    expect(
+        &sock,
+        "PUT",
+        "/vsock",
+        r#"{"guest_cid": 3, "uds_path": "/tmp/x.sock"}"#,
+        400,
+    );
+    expect(&sock, "PUT", "/mmds", r#"{}"#, 400);
+    expect(&sock, "GET", "/nothing", "", 400);
+
+    // The getting-started sequence.
+    let answer = expect(&sock, "GET", "/", "", 200);
+    assert!(
+        answer.contains("Not started") && answer.contains("lwp-test"),
+        "{answer}"
+    );
+    expect(
+        &sock,
+        "PUT",
+        "/logger",
+        &format!(r#"{{"log_path": "{}", "level": "Info"}}"#, path(&log)),
+        204,
+    );
+    expect(
+        &sock,
+        "PUT",
+        "/metrics",
+        &format!(r#"{{"metrics_path": "{}"}}"#, path(&metrics)),
+        204,
+    );
+    expect(
+        &sock,
+        "PUT",
+        "/boot-source",
+        &format!(
+            r#"{{"kernel_image_path": "{}", "initrd_path": "{}"}}"#,
+            path(&linux.join("vmlinux")),
+            path(&linux.join("initramfs.cpio"))
+        ),
+        204,
+    );
+    expect(
+        &sock,
+        "PUT",
+        "/machine-config",
+        r#"{"vcpu_count": 2, "mem_size_mib": 64, "track_dirty_pages": true}"#,
+        204,
+    );
+    expect(
+        &sock,
+        "PUT",
+        "/drives/rootfs",
+        &format!(
+            r#"{{"drive_id": "rootfs", "path_on_host": "{}", "is_root_device": true, "is_read_only": true}}"#,
+            path(&linux.join("rootfs.ext4"))
+        ),
+        204,
+    );
+    expect(
+        &sock,
+        "PUT",
+        "/lwp",
+        r#"{"profile": "emulated", "sample_hz": 1000}"#,
+        204,
+    );
+    let config = expect(&sock, "GET", "/vm/config", "", 200);
+    assert!(
+        config.contains("rootfs.ext4") && config.contains("\"lwp\""),
+        "{config}"
+    );
+    expect(
+        &sock,
+        "PUT",
+        "/actions",
+        r#"{"action_type": "InstanceStart"}"#,
+        204,
+    );
+    assert!(expect(&sock, "GET", "/", "", 200).contains("Running"));
+
+    // After the start: configuration is refused, the VM goes on.
+    expect(
+        &sock,
+        "PUT",
+        "/boot-source",
+        r#"{"kernel_image_path": "/x"}"#,
+        400,
+    );
+    expect(
+        &sock,
+        "PUT",
+        "/actions",
+        r#"{"action_type": "InstanceStart"}"#,
+        400,
+    );
+    expect(
+        &sock,
+        "PUT",
+        "/actions",
+        r#"{"action_type": "FlushMetrics"}"#,
+        204,
+    );
+    let flushed = std::fs::read_to_string(&metrics).expect("the metrics file after FlushMetrics");
+    assert!(flushed.contains("\"vcpus\""), "{flushed}");
+
+    let midway = format!("ok - {}", PROGRAMS[2]);
+    assert!(
+        vm.wait_for_lines(&[&midway], Duration::from_secs(240)),
+        "the self-test did not reach {midway}:\n{}",
+        Console::of(&vm.wait())
+    );
+    expect(
+        &sock,
+        "PUT",
+        "/snapshot/create",
+        &format!(
+            r#"{{"snapshot_type": "Full", "snapshot_path": "{}", "mem_file_path": "{}"}}"#,
+            path(&full),
+            path(&full.join("memory.bin"))
+        ),
+        204,
+    );
+    expect(
+        &sock,
+        "PUT",
+        "/snapshot/create",
+        &format!(
+            r#"{{"snapshot_type": "Diff", "snapshot_path": "{}", "mem_file_path": "{}"}}"#,
+            path(&diff),
+            path(&diff.join("memory.bin"))
+        ),
+        204,
+    );
+    assert!(
+        vm.wait_for_lines(&[ALL_PASSED], Duration::from_secs(240)),
+        "the self-test did not pass:\n{}",
+        Console::of(&vm.wait())
+    );
+    let out = vm.wait();
+    let console = Console::of(&out);
+    assert_eq!(out.status.code(), Some(0), "{console}");
+    assert!(!console.contains("not ok"), "{console}");
+    assert!(!sock.exists(), "the socket is removed at the end");
+    let logged = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        logged.contains("ready:"),
+        "the log file has lwpvmm's lines: {logged}"
+    );
+
+    // The Diff, loaded by a new process through the API.
+    let sock = dir.join("load.socket");
+    let mut restored = spawn_within(
+        Command::new(&bin).args(["--api-sock", path(&sock)]),
+        RUN_LIMIT,
+    );
+    wait_for_path(&sock, Duration::from_secs(30));
+    expect(
+        &sock,
+        "PUT",
+        "/snapshot/load",
+        &format!(
+            r#"{{"snapshot_path": "{}", "mem_backend": {{"backend_type": "Uffd", "backend_path": "/tmp/uffd"}}}}"#,
+            path(&diff)
+        ),
+        400,
+    );
+    expect(
+        &sock,
+        "PUT",
+        "/snapshot/load",
+        &format!(
+            r#"{{"snapshot_path": "{}", "mem_backend": {{"backend_type": "File", "backend_path": "{}"}}, "resume_vm": true}}"#,
+            path(&diff),
+            path(&diff.join("memory.bin"))
+        ),
+        204,
+    );
+    assert!(
+        restored.wait_for_lines(&[ALL_PASSED], Duration::from_secs(240)),
+        "the loaded snapshot did not complete the self-test:\n{}",
+        Console::of(&restored.wait())
+    );
+    let out = restored.wait();
+    let after = Console::of(&out);
+    assert_eq!(out.status.code(), Some(0), "{after}");
+    assert!(
+        !after.contains("self-test starting"),
+        "the load resumed, not rebooted:\n{after}"
+    );
+    assert!(!after.contains("not ok"), "{after}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_config_file_boots_the_guest_without_the_api() {
+    require_kvm();
+    let dir = scratch("config");
+    let linux = linux();
+    let config = dir.join("vm.json");
+    std::fs::write(
+        &config,
+        format!(
+            r#"{{
+  "boot-source": {{"kernel_image_path": "{}", "initrd_path": "{}"}},
+  "drives": [{{"drive_id": "rootfs", "path_on_host": "{}", "is_root_device": true, "is_read_only": true}}],
+  "machine-config": {{"vcpu_count": 2, "mem_size_mib": 64}},
+  "lwp": {{"profile": "emulated"}}
+}}"#,
+            path(&linux.join("vmlinux")),
+            path(&linux.join("initramfs.cpio")),
+            path(&linux.join("rootfs.ext4"))
+        ),
+    )
+    .unwrap();
+    let run = spawn_within(
+        common::command().args(["firecracker", "--no-api", "--config-file", path(&config)]),
+        RUN_LIMIT,
+    );
+    let out = run.wait();
+    let console = Console::of(&out);
+    assert_eq!(out.status.code(), Some(0), "{console}");
+    assert!(console.contains(ALL_PASSED), "{console}");
+    assert!(console.contains("lwp-linux-selftest: cpus 2"), "{console}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn firecrackers_command_line_is_taken_and_refused_as_firecracker_does() {
+    let dir = scratch("args");
+    let bin = firecracker(&dir);
+    let run = |args: &[&str]| {
+        let out = Command::new(&bin).args(args).output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let (status, text) = run(&["--version"]);
+    assert_eq!(status, Some(0), "{text}");
+    assert!(text.starts_with("Firecracker v1.17.0-dev"), "{text}");
+    let missing = dir.join("missing.json");
+    let exists = dir.join("exists.socket");
+    std::fs::write(&exists, b"").unwrap();
+    // (arguments, the words of the refusal)
+    let table: &[(&[&str], &str)] = &[
+        (
+            &["--api-sok", "x"],
+            "Found argument 'api-sok' which wasn't expected",
+        ),
+        (
+            &["--no-api"],
+            "Argument 'config-file' required, but not found.",
+        ),
+        (
+            &["--seccomp-filter", "f.bpf"],
+            "--seccomp-filter is not offered by lwpvmm",
+        ),
+        (
+            &["--no-api", "--config-file", path(&missing)],
+            "--config-file",
+        ),
+        (&["--api-sock", path(&exists)], "already exists"),
+    ];
+    for (args, words) in table {
+        let (status, text) = run(args);
+        assert_eq!(status, Some(2), "{args:?}: {text}");
+        assert!(text.contains(words), "{args:?}: {text}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
