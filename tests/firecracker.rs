@@ -1,16 +1,22 @@
 //! lwpvmm in Firecracker's place, as an orchestrator runs it: under the
 //! name `firecracker` (a symlink), configured over the API alone as
 //! Firecracker's getting-started guide does it with curl, the Linux guest
-//! boots and passes its self-test; a Full and a Diff snapshot are taken
-//! through `/snapshot/create` and the Diff is loaded in a new process
-//! through `/snapshot/load`, where the self-test completes. The same guest
-//! boots from a `--config-file` with `--no-api`. Misuse before and after
-//! the start is answered, and the process goes on.
+//! boots and passes its self-test while a host process talks to it over
+//! vsock (Firecracker's hybrid design: `CONNECT PORT` on the device's
+//! socket one way, the socket's `_PORT` sibling the other); a Full and a
+//! Diff snapshot are taken through `/snapshot/create` and the Diff is
+//! loaded in a new process through `/snapshot/load`, where the self-test
+//! completes and the guest answers over vsock again (its connections were
+//! reset, its listener was not). The same guest boots from a
+//! `--config-file` with `--no-api`. Misuse before and after the start is
+//! answered, and the process goes on.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -39,6 +45,30 @@ fn firecracker(dir: &Path) -> PathBuf {
     link
 }
 
+/// The guest's vsock port (/lwp-vsock, `lwpvsock=` on the command line);
+/// it says hello to the host on the next one.
+const VSOCK_PORT: u32 = 5000;
+
+/// Connects to the guest's vsock port through the device's socket, as
+/// Firecracker's hybrid vsock has it, and has it echo `message`.
+fn vsock_echo(uds: &Path, message: &[u8]) -> Vec<u8> {
+    let mut s =
+        UnixStream::connect(uds).unwrap_or_else(|e| panic!("connect {}: {e}", uds.display()));
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    s.write_all(format!("CONNECT {VSOCK_PORT}\n").as_bytes())
+        .unwrap();
+    let mut reader = BufReader::new(s.try_clone().unwrap());
+    let mut line = String::new();
+    reader.read_line(&mut line).unwrap();
+    assert!(line.starts_with("OK ") && line.ends_with('\n'), "{line:?}");
+    s.write_all(b"e").unwrap();
+    s.write_all(message).unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut echo = Vec::new();
+    reader.read_to_end(&mut echo).unwrap();
+    echo
+}
+
 /// Sends a request and asserts its status.
 fn expect(sock: &Path, method: &str, at: &str, body: &str, status: u16) -> String {
     let (got, answer) = http(sock, method, at, body);
@@ -55,7 +85,16 @@ fn a_linux_guest_boots_snapshots_and_loads_through_firecrackers_api_alone() {
     let log = dir.join("fc.log");
     let metrics = dir.join("metrics.json");
     let (full, diff) = (dir.join("full"), dir.join("diff"));
+    let uds = dir.join("v.sock");
     let linux = linux();
+    // The host process the guest says hello to: `uds_path_PORT`.
+    let hello = UnixListener::bind(dir.join(format!("v.sock_{}", VSOCK_PORT + 1))).unwrap();
+    let hello = std::thread::spawn(move || {
+        let (mut s, _) = hello.accept().unwrap();
+        let mut said = String::new();
+        s.read_to_string(&mut said).unwrap();
+        said
+    });
     let mut vm = spawn_within(
         Command::new(&bin).args(["--api-sock", path(&sock), "--id", "lwp-test"]),
         RUN_LIMIT,
@@ -88,7 +127,7 @@ fn a_linux_guest_boots_snapshots_and_loads_through_firecrackers_api_alone() {
         &sock,
         "PUT",
         "/vsock",
-        r#"{"guest_cid": 3, "uds_path": "/tmp/x.sock"}"#,
+        r#"{"guest_cid": 1, "uds_path": "/tmp/x.sock"}"#,
         400,
     );
     expect(&sock, "PUT", "/mmds", r#"{}"#, 400);
@@ -119,9 +158,10 @@ fn a_linux_guest_boots_snapshots_and_loads_through_firecrackers_api_alone() {
         "PUT",
         "/boot-source",
         &format!(
-            r#"{{"kernel_image_path": "{}", "initrd_path": "{}"}}"#,
+            r#"{{"kernel_image_path": "{}", "initrd_path": "{}", "boot_args": "{} lwpvsock={VSOCK_PORT}"}}"#,
             path(&linux.join("vmlinux")),
-            path(&linux.join("initramfs.cpio"))
+            path(&linux.join("initramfs.cpio")),
+            lwpvmm::vmm::boot::LINUX_CMDLINE,
         ),
         204,
     );
@@ -130,6 +170,13 @@ fn a_linux_guest_boots_snapshots_and_loads_through_firecrackers_api_alone() {
         "PUT",
         "/machine-config",
         r#"{"vcpu_count": 2, "mem_size_mib": 64, "track_dirty_pages": true}"#,
+        204,
+    );
+    expect(
+        &sock,
+        "PUT",
+        "/vsock",
+        &format!(r#"{{"guest_cid": 3, "uds_path": "{}"}}"#, path(&uds)),
         204,
     );
     expect(
@@ -188,6 +235,18 @@ fn a_linux_guest_boots_snapshots_and_loads_through_firecrackers_api_alone() {
     let flushed = std::fs::read_to_string(&metrics).expect("the metrics file after FlushMetrics");
     assert!(flushed.contains("\"vcpus\""), "{flushed}");
 
+    let listening = format!("lwp-vsock: listening on port {VSOCK_PORT}");
+    assert!(
+        vm.wait_for_lines(&[&listening], Duration::from_secs(240)),
+        "the guest did not listen on vsock:\n{}",
+        Console::of(&vm.wait())
+    );
+    assert_eq!(
+        vsock_echo(&uds, b"over vsock, before the snapshot"),
+        b"over vsock, before the snapshot"
+    );
+    assert_eq!(hello.join().unwrap(), "lwp-vsock: hello from the guest\n");
+
     let midway = format!("ok - {}", PROGRAMS[2]);
     assert!(
         vm.wait_for_lines(&[&midway], Duration::from_secs(240)),
@@ -226,6 +285,7 @@ fn a_linux_guest_boots_snapshots_and_loads_through_firecrackers_api_alone() {
     assert_eq!(out.status.code(), Some(0), "{console}");
     assert!(!console.contains("not ok"), "{console}");
     assert!(!sock.exists(), "the socket is removed at the end");
+    assert!(!uds.exists(), "the vsock socket is removed at the end");
     let logged = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(
         logged.contains("ready:"),
@@ -260,6 +320,8 @@ fn a_linux_guest_boots_snapshots_and_loads_through_firecrackers_api_alone() {
         ),
         204,
     );
+    // The guest's connections were reset by the load; its listener was not.
+    assert_eq!(vsock_echo(&uds, b"after the load"), b"after the load");
     assert!(
         restored.wait_for_lines(&[ALL_PASSED], Duration::from_secs(240)),
         "the loaded snapshot did not complete the self-test:\n{}",

@@ -459,9 +459,25 @@ fn before_rows(kernel: &str, image: &str) -> Vec<Row> {
             "PUT",
             "/vsock",
             "/vsock",
-            json!({"guest_cid": 3, "uds_path": "/tmp/v.sock"}),
+            json!({"guest_cid": 2, "uds_path": "/tmp/lwpvmm-no-such.sock"}),
             400,
-            "vsock is not offered",
+            "!2 is not a guest's context ID",
+        ),
+        (
+            "PUT",
+            "/vsock",
+            "/vsock",
+            json!({"guest_cid": 3, "uds_path": image}),
+            400,
+            "exists already",
+        ),
+        (
+            "PUT",
+            "/vsock",
+            "/vsock",
+            json!({"guest_cid": 3, "uds_path": "/tmp/lwpvmm-no-such.sock"}),
+            204,
+            "",
         ),
         (
             "PUT",
@@ -973,17 +989,14 @@ fn the_config_file_format_is_firecrackers_full_vm_configuration() {
     );
     assert!(wrong.is_empty(), "{wrong:?}");
     let mut with_lwp = config.clone();
+    with_lwp["vsock"] = json!({"guest_cid": 3, "uds_path": "/tmp/lwpvmm-fc-config.sock"});
     with_lwp["lwp"] = json!({"profile": "precise", "sample_hz": 500});
     let parsed: lwpvmm::firecracker::model::FullConfig = serde_json::from_value(with_lwp).unwrap();
     assert_eq!(parsed.drives[0].drive_id, "rootfs");
     assert_eq!(parsed.lwp.unwrap().profile.as_deref(), Some("precise"));
+    assert_eq!(parsed.vsock.unwrap().guest_cid, 3);
     // (a section lwpvmm refuses, the words that say so)
     let refused: &[(&str, Value, &str)] = &[
-        (
-            "vsock",
-            json!({"guest_cid": 3, "uds_path": "/v"}),
-            "vsock is not offered",
-        ),
         (
             "balloon",
             json!({"amount_mib": 0, "deflate_on_oom": false}),

@@ -655,6 +655,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
                 program: None,
                 disks: args.disks.clone(),
                 nets: args.nets.clone(),
+                vsock: None,
                 host: api_host(&args.host, args.initramfs.as_ref(), Some(&args.kernel))?,
             };
             finish(vmm::run(&config)?)

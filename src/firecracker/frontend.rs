@@ -141,13 +141,7 @@ impl FirecrackerApi {
                 self.setup.logger = Some(logger);
                 Ok(Response::no_content())
             }
-            ("PUT", "/vsock") => {
-                body::<Vsock>(r)?;
-                Err(refused(SetupError::NotOffered {
-                    field: "vsock",
-                    why: "lwpvmm has no virtio-vsock device yet; reach the guest over a tap (PUT /network-interfaces) or its serial console",
-                }))
-            }
+            ("PUT", "/vsock") => applied(self.setup.vsock(body::<Vsock>(r)?)),
             ("PUT", _) if id_of("/drives/").is_some() => {
                 let id = id_of("/drives/").unwrap_or_default().to_owned();
                 applied(self.setup.drive(&id, body::<Drive>(r)?))

@@ -21,6 +21,7 @@ use crate::vmm::api::frontend::Started;
 use crate::vmm::base::seccomp::SeccompMode;
 use crate::vmm::config::SyscallFixupMode;
 use crate::vmm::devices::port_bus::SerialOut;
+use crate::vmm::devices::virtio::vsock::VsockConfig;
 use crate::vmm::devices::virtio::{DiskConfig, NetConfig};
 use crate::vmm::{HostConfig, Profiling, RestoreConfig, SnapshotPlan, VmConfig, VmError, Vmm};
 
@@ -193,6 +194,10 @@ pub fn boot(setup: &Setup, settings: HostSettings) -> Result<(Vmm, Started), Lau
             })
             .collect(),
         nets,
+        vsock: setup.vsock.as_ref().map(|v| VsockConfig {
+            cid: v.guest_cid,
+            uds_path: v.uds_path.clone().into(),
+        }),
         host: host(
             settings,
             &setup.lwp,

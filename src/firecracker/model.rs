@@ -221,7 +221,7 @@ pub struct SnapshotLoad {
     /// Refused: taps are the snapshot's.
     #[serde(default)]
     pub network_overrides: Option<serde_json::Value>,
-    /// Refused: no vsock.
+    /// Refused: the snapshot's socket path is bound again.
     #[serde(default)]
     pub vsock_override: Option<serde_json::Value>,
     /// Refused: the guest's clock is restored as lwpvmm restores it.
@@ -323,7 +323,7 @@ pub struct FullConfig {
     /// The network devices.
     #[serde(rename = "network-interfaces", default)]
     pub network_interfaces: Vec<NetworkInterface>,
-    /// vsock (refused).
+    /// vsock.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vsock: Option<Vsock>,
     /// Logging.

@@ -10,7 +10,7 @@ use thiserror::Error;
 
 use super::model::{
     BootSource, Drive, FullConfig, Logger, Lwp, MachineConfig, MachineConfigBody, Metrics,
-    NetworkInterface,
+    NetworkInterface, Vsock,
 };
 use crate::lwp::cpuid::{GuestLwpSupport, LwpProfile};
 use crate::vmm::config::DEFAULT_MEMORY_MIB;
@@ -115,6 +115,8 @@ pub struct Setup {
     pub drives: Vec<Drive>,
     /// `PUT /network-interfaces/{id}`.
     pub nets: Vec<NetworkInterface>,
+    /// `PUT /vsock`.
+    pub vsock: Option<Vsock>,
     /// `PUT /logger`.
     pub logger: Option<Logger>,
     /// `PUT /metrics`.
@@ -138,6 +140,7 @@ impl Default for Setup {
             },
             drives: Vec::new(),
             nets: Vec::new(),
+            vsock: None,
             logger: None,
             metrics: None,
             lwp: LwpSetup::default(),
@@ -354,6 +357,37 @@ impl Setup {
         Ok(())
     }
 
+    /// `PUT /vsock`: the guest's context ID (3 or more: 0 to 2 are the
+    /// hypervisor's, the local and the host's; `u32::MAX` is "any") and the
+    /// host socket, bound at start.
+    pub fn vsock(&mut self, vsock: Vsock) -> Result<(), SetupError> {
+        if !(3..u64::from(u32::MAX)).contains(&vsock.guest_cid) {
+            return Err(SetupError::Invalid {
+                field: "guest_cid",
+                why: format!(
+                    "{} is not a guest's context ID (3 to 4294967294)",
+                    vsock.guest_cid
+                ),
+            });
+        }
+        // The socket and its `_PORT` siblings must fit sun_path (108 bytes).
+        if vsock.uds_path.is_empty() || vsock.uds_path.len() > 96 {
+            return Err(SetupError::Invalid {
+                field: "uds_path",
+                why: "a Unix socket path of 1 to 96 bytes (its `_PORT` siblings must fit the 108 a socket address holds)".into(),
+            });
+        }
+        if Path::new(&vsock.uds_path).symlink_metadata().is_ok() {
+            return Err(SetupError::File {
+                field: "uds_path",
+                path: vsock.uds_path.clone(),
+                why: "exists already: lwpvmm creates the socket at start; remove it, or give another path".into(),
+            });
+        }
+        self.vsock = Some(vsock);
+        Ok(())
+    }
+
     /// `PUT /metrics`.
     pub fn metrics(&mut self, metrics: Metrics) -> Result<(), SetupError> {
         refuse(
@@ -434,6 +468,9 @@ impl Setup {
             let id = n.iface_id.clone();
             setup.network(&id, n)?;
         }
+        if let Some(v) = config.vsock {
+            setup.vsock(v)?;
+        }
         if let Some(m) = config.metrics {
             setup.metrics(m)?;
         }
@@ -458,6 +495,7 @@ impl Setup {
                 huge_pages: Some("None".into()),
             }),
             network_interfaces: self.nets.clone(),
+            vsock: self.vsock.clone(),
             logger: self.logger.clone(),
             metrics: self.metrics.clone(),
             lwp: self.lwp_body.clone(),
@@ -492,11 +530,6 @@ impl Setup {
 
 /// Refuses what a config file names that lwpvmm does not offer.
 pub fn refuse_features(config: &FullConfig) -> Result<(), SetupError> {
-    refuse(
-        &config.vsock,
-        "vsock",
-        "lwpvmm has no virtio-vsock device yet; reach the guest over a tap (network-interfaces) or its serial console",
-    )?;
     for (value, field, why) in [
         (
             &config.balloon,

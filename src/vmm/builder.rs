@@ -71,7 +71,12 @@ pub fn build_for_boot(config: &VmConfig) -> Result<Vmm, VmError> {
         backend_for(&kvm, config.profile, config.guest),
         None,
     )?;
-    let virtio = VirtioBus::create(&machine.vm, &config.disks, &config.nets)?;
+    let virtio = VirtioBus::create(
+        &machine.vm,
+        &config.disks,
+        &config.nets,
+        config.vsock.as_ref(),
+    )?;
     let mut cmdline = config.cmdline.clone();
     if let Some(program) = &config.program {
         let entry = boot::load_program(&machine.mem, program)?;

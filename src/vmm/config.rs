@@ -9,6 +9,7 @@ use std::time::Duration;
 use crate::lwp::cpuid::{GuestLwpSupport, LwpProfile};
 use crate::vmm::base::seccomp::SeccompMode;
 use crate::vmm::devices::port_bus::SerialOut;
+use crate::vmm::devices::virtio::vsock::VsockConfig;
 use crate::vmm::devices::virtio::{DiskConfig, NetConfig};
 
 /// Guest RAM unless the caller sets it, in MiB.
@@ -40,6 +41,8 @@ pub struct VmConfig {
     pub disks: Vec<DiskConfig>,
     /// virtio network devices on host taps.
     pub nets: Vec<NetConfig>,
+    /// A virtio vsock device, after the disks and network devices.
+    pub vsock: Option<VsockConfig>,
     /// Console, snapshots, seccomp, signals, sampler and trace.
     pub host: HostConfig,
 }
@@ -57,6 +60,7 @@ impl Default for VmConfig {
             program: None,
             disks: Vec::new(),
             nets: Vec::new(),
+            vsock: None,
             host: HostConfig::default(),
         }
     }

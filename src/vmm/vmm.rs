@@ -31,6 +31,21 @@ use crate::vmm::output::RunOutputs;
 use crate::vmm::vcpu::syscall_quirk::SyscallFixup;
 use crate::vmm::vcpu::{Shared, Vcpu, VcpuEvent, VcpuHandle, kick_handler};
 
+/// The host sockets a VM's devices bound, removed when the run ends (by
+/// the thread that runs it: the device threads may not unlink).
+struct SocketFiles(Vec<std::path::PathBuf>);
+
+impl Drop for SocketFiles {
+    fn drop(&mut self) {
+        use std::os::unix::fs::FileTypeExt;
+        for path in &self.0 {
+            if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+    }
+}
+
 /// A built VM.
 pub struct Vmm {
     vm: Arc<VmFd>,
@@ -157,6 +172,8 @@ impl Vmm {
             self.shared.recorder.note_sample_hz(0);
         }
         let metrics: Vec<Arc<VcpuMetrics>> = self.vcpus.iter().map(Vcpu::metrics).collect();
+        // Removed when this returns, however it returns.
+        let _sockets = SocketFiles(self.shared.virtio.socket_paths());
         let seccomp = self.host.seccomp;
         // Devices first: a vCPU may notify a queue at its first instruction.
         let device_metrics = self.shared.virtio.metrics();

@@ -44,7 +44,9 @@
  * /lwp-selftest.result and flushes them to the disk before powering off.
  *
  * `lwpdisk=MODE` and `lwpnet=PORT` run the device programs instead of the
- * self-test (/lwp-disk and /lwp-net, for the device tests and benchmark).
+ * self-test (/lwp-disk and /lwp-net, for the device tests and benchmark);
+ * `lwpvsock=PORT` starts /lwp-vsock in the background beside it, and
+ * `lwpvsockonly=PORT` runs it alone (the vsock benchmark).
  */
 #include <linux/reboot.h>
 #include <linux/utsname.h>
@@ -475,6 +477,15 @@ int main(int argc, char **argv, char **envp)
 		device_program("/lwp-disk", env_value(envp, "lwpdisk"), envp);
 	if (env_value(envp, "lwpnet"))
 		device_program("/lwp-net", env_value(envp, "lwpnet"), envp);
+	if (env_value(envp, "lwpvsockonly"))
+		device_program("/lwp-vsock", env_value(envp, "lwpvsockonly"), envp);
+	if (env_value(envp, "lwpvsock") && fork() == 0) {
+		char *args[] = { "/lwp-vsock", (char *)env_value(envp, "lwpvsock"), 0 };
+
+		execve(args[0], args, envp);
+		printf("cannot run /lwp-vsock\n");
+		exit(127);
+	}
 	printf("LWP self-test starting\n");
 	if (slurp("/proc/sys/kernel/random/boot_id", boot_id, sizeof(boot_id)) <= 0)
 		strcpy(boot_id, "unknown\n");

@@ -29,6 +29,8 @@ pub enum ThreadKind {
     Device,
     /// The control API's thread: its sockets, no KVM.
     Api,
+    /// The vsock device's thread: its queues and host Unix sockets.
+    Vsock,
 }
 
 /// What a filter does with a system call outside its allowlist.
@@ -155,6 +157,22 @@ const DEVICE: &[(&str, i64)] = syscalls![
     libc::SYS_read,
 ];
 
+/// What the vsock thread adds: its event loop, accepting host clients on
+/// its socket (and their credentials), connecting the guest's connections
+/// to `uds_path_PORT`, reading and shutting down streams.
+const VSOCK: &[(&str, i64)] = syscalls![
+    libc::SYS_accept4,
+    libc::SYS_connect,
+    libc::SYS_epoll_ctl,
+    libc::SYS_epoll_pwait,
+    libc::SYS_epoll_wait,
+    libc::SYS_getsockopt,
+    libc::SYS_read,
+    libc::SYS_recvfrom,
+    libc::SYS_shutdown,
+    libc::SYS_socket,
+];
+
 /// What the API thread adds: waiting for and accepting clients, their
 /// timeouts and credentials, reading requests, closing its side first, and
 /// a pause after a failed accept.
@@ -275,7 +293,7 @@ pub fn ioctls(kind: ThreadKind) -> Vec<(&'static str, u64)> {
             ("KVM_GET_DIRTY_LOG", KVM_GET_DIRTY_LOG()),
             ("KVM_GET_CLOCK", KVM_GET_CLOCK()),
         ],
-        ThreadKind::Device | ThreadKind::Api => vec![],
+        ThreadKind::Device | ThreadKind::Api | ThreadKind::Vsock => vec![],
     }
 }
 
@@ -287,6 +305,7 @@ fn build(kind: ThreadKind, mode: SeccompMode) -> Result<BpfProgram, SeccompError
         ThreadKind::Control => CONTROL,
         ThreadKind::Device => DEVICE,
         ThreadKind::Api => API,
+        ThreadKind::Vsock => VSOCK,
     };
     for &(_, nr) in COMMON.iter().chain(extra) {
         rules.insert(nr, vec![]);
@@ -488,6 +507,7 @@ mod tests {
             ("- every thread:", names(COMMON)),
             ("- the control thread adds:", names(CONTROL)),
             ("- the device thread adds:", names(DEVICE)),
+            ("- the vsock thread adds:", names(VSOCK)),
             ("- the API thread", api),
         ];
         for (lead, want) in table {
@@ -505,6 +525,7 @@ mod tests {
             ThreadKind::Control,
             ThreadKind::Device,
             ThreadKind::Api,
+            ThreadKind::Vsock,
         ] {
             for mode in [SeccompMode::On, SeccompMode::Log] {
                 let program = build(kind, mode).unwrap();

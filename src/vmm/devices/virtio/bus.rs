@@ -17,6 +17,7 @@ use super::device::{
 };
 use super::mmio::{MmioTransport, REG_QUEUE_NOTIFY, TransportState, VirtioDevice};
 use super::net::{self, Net};
+use super::vsock::{Vsock, VsockConfig};
 use crate::guard::GuestMemory;
 use crate::vmm::base::metrics::VcpuMetrics;
 use crate::vmm::devices::acpi::MmioDevice;
@@ -124,8 +125,9 @@ impl VirtioBus {
         vm: &VmFd,
         disks: &[DiskConfig],
         nets: &[NetConfig],
+        vsock: Option<&VsockConfig>,
     ) -> Result<Self, VirtioError> {
-        let count = disks.len() + nets.len();
+        let count = disks.len() + nets.len() + usize::from(vsock.is_some());
         if count > MAX_DEVICES {
             return Err(VirtioError::TooMany(count));
         }
@@ -141,6 +143,10 @@ impl VirtioBus {
             let mac = n.mac.unwrap_or_else(|| default_mac(disks.len() + i));
             let m = Arc::<VcpuMetrics>::default();
             devices.push((Box::new(open_net(&n.tap, mac, Arc::clone(&m))?), m));
+        }
+        if let Some(v) = vsock {
+            let m = Arc::<VcpuMetrics>::default();
+            devices.push((Box::new(Vsock::new(v, Arc::clone(&m))?), m));
         }
         let mut bus = VirtioBus::default();
         for (device, metrics) in devices {
@@ -178,7 +184,7 @@ impl VirtioBus {
                             path.display(),
                             match disk.spec() {
                                 DeviceSpec::Block { bytes, .. } => bytes,
-                                DeviceSpec::Net { .. } => 0,
+                                DeviceSpec::Net { .. } | DeviceSpec::Vsock { .. } => 0,
                             }
                         )));
                     }
@@ -187,6 +193,15 @@ impl VirtioBus {
                 DeviceSpec::Net { tap, mac } => {
                     Box::new(open_net(tap, *mac, Arc::clone(&metrics))?)
                 }
+                // Connections do not survive: the guest gets a transport
+                // reset, and the socket is bound anew.
+                DeviceSpec::Vsock { cid, uds_path } => Box::new(Vsock::restored(
+                    &VsockConfig {
+                        cid: *cid,
+                        uds_path: uds_path.clone(),
+                    },
+                    Arc::clone(&metrics),
+                )?),
             };
             bus.attach(vm, device, metrics, |device, irq, notify| {
                 MmioTransport::restore(device, irq, notify, &s.transport, mem)
@@ -251,6 +266,18 @@ impl VirtioBus {
     /// Whether there are none.
     pub fn is_empty(&self) -> bool {
         self.slots.is_empty()
+    }
+
+    /// The host sockets the devices bound (a vsock device's), which the
+    /// thread that runs the VM removes at its end.
+    pub fn socket_paths(&self) -> Vec<std::path::PathBuf> {
+        self.slots
+            .iter()
+            .filter_map(|s| match s.transport.lock().ok()?.device().spec() {
+                DeviceSpec::Vsock { uds_path, .. } => Some(uds_path),
+                _ => None,
+            })
+            .collect()
     }
 
     /// What the kernel command line needs to find the devices.
@@ -358,7 +385,7 @@ mod tests {
                 read_only: true,
             },
         ];
-        let bus = VirtioBus::create(&vm, &disks, &[]).unwrap();
+        let bus = VirtioBus::create(&vm, &disks, &[], None).unwrap();
         assert_eq!(
             bus.cmdline(),
             "virtio_mmio.device=4K@0xd0000000:5 virtio_mmio.device=4K@0xd0001000:6"
@@ -390,7 +417,7 @@ mod tests {
                 path,
                 read_only: false,
             };
-            let err = VirtioBus::create(&vm, &[disk], &[]).err().unwrap();
+            let err = VirtioBus::create(&vm, &[disk], &[], None).err().unwrap();
             assert!(err.to_string().contains(message), "{err}");
         }
         // A snapshot's devices restore on a new VM; an image whose length
@@ -408,7 +435,7 @@ mod tests {
         assert!(err.to_string().contains("8192 now"), "{err}");
         let many = vec![disks[0].clone(); MAX_DEVICES + 1];
         assert!(matches!(
-            VirtioBus::create(&vm, &many, &[]),
+            VirtioBus::create(&vm, &many, &[], None),
             Err(VirtioError::TooMany(9))
         ));
         std::fs::remove_dir_all(&dir).unwrap();

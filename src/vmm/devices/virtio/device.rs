@@ -58,6 +58,13 @@ pub enum DeviceSpec {
         /// The guest's MAC.
         mac: [u8; 6],
     },
+    /// A vsock device.
+    Vsock {
+        /// The guest's context ID.
+        cid: u64,
+        /// The host socket.
+        uds_path: PathBuf,
+    },
 }
 
 /// What can go wrong in a device's request path: the device then needs a
@@ -136,6 +143,9 @@ pub enum VirtioError {
     /// A snapshot's device state does not fit.
     #[error("the snapshot's devices: {0}")]
     Snapshot(String),
+    /// The vsock device's socket could not be made.
+    #[error("vsock: {0}")]
+    Vsock(#[from] super::vsock::muxer::MuxerError),
     /// The device thread could not be started.
     #[error("cannot start the virtio devices thread: {0}")]
     Thread(std::io::Error),

@@ -22,6 +22,7 @@ pub mod device;
 pub mod drain;
 pub mod mmio;
 pub mod net;
+pub mod vsock;
 pub mod worker;
 
 pub use bus::{DeviceSnapshot, Slot, VirtioBus};

@@ -14,7 +14,9 @@ use event_manager::{EventManager, EventOps, Events, MutEventSubscriber, Subscrib
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
-use super::bus::VirtioBus;
+use virtio_bindings::virtio_ids::VIRTIO_ID_VSOCK;
+
+use super::bus::{Slot, VirtioBus};
 use super::device::VirtioError;
 use super::mmio::{Halt, MmioTransport, Progress};
 use crate::guard::GuestMemory;
@@ -201,8 +203,8 @@ impl MutEventSubscriber for Loop {
     }
 }
 
-/// The running device thread.
-pub struct DeviceThread {
+/// One running device thread.
+struct OneThread {
     events: Sender<DeviceEvent>,
     replies: Receiver<DeviceEvent>,
     wake: EventFd,
@@ -210,8 +212,15 @@ pub struct DeviceThread {
     join: Option<JoinHandle<()>>,
 }
 
+/// The running device threads: one for the disks and network devices, and
+/// one for a vsock device, the only device with host sockets, under an
+/// allowlist of its own.
+pub struct DeviceThread {
+    threads: Vec<OneThread>,
+}
+
 impl DeviceThread {
-    /// Starts the thread over `bus`'s devices; `None` when there are none.
+    /// Starts the threads over `bus`'s devices; `None` when there are none.
     pub fn start(
         bus: &VirtioBus,
         mem: Arc<GuestMemory>,
@@ -220,11 +229,66 @@ impl DeviceThread {
         if bus.is_empty() {
             return Ok(None);
         }
+        let is_vsock = |s: &&Slot| {
+            s.transport
+                .lock()
+                .is_ok_and(|t| t.device().device_type() == VIRTIO_ID_VSOCK)
+        };
+        let mut threads = Vec::new();
+        let (vsock, others): (Vec<&Slot>, Vec<&Slot>) = bus.slots().iter().partition(is_vsock);
+        for (slots, kind, name) in [
+            (others, ThreadKind::Device, "lwpvmm-devices"),
+            (vsock, ThreadKind::Vsock, "lwpvmm-vsock"),
+        ] {
+            if !slots.is_empty() {
+                threads.push(OneThread::start(
+                    &slots,
+                    Arc::clone(&mem),
+                    mode,
+                    kind,
+                    name,
+                )?);
+            }
+        }
+        Ok(Some(DeviceThread { threads }))
+    }
+
+    /// Pauses the threads; returns once all wait.
+    pub fn pause(&self) -> Result<(), ControlError> {
+        self.threads.iter().try_for_each(OneThread::pause)
+    }
+
+    /// Lets paused threads carry on.
+    pub fn resume(&self) -> Result<(), ControlError> {
+        self.threads.iter().try_for_each(OneThread::resume)
+    }
+
+    /// Stops the threads and waits for them.
+    pub fn finish(self) -> Result<(), VirtioError> {
+        let mut result = Ok(());
+        for t in self.threads {
+            if let Err(e) = t.finish() {
+                result = Err(e);
+            }
+        }
+        result
+    }
+}
+
+impl OneThread {
+    /// Starts a thread over `slots`, under `kind`'s allowlist.
+    fn start(
+        slots: &[&Slot],
+        mem: Arc<GuestMemory>,
+        mode: SeccompMode,
+        kind: ThreadKind,
+        name: &'static str,
+    ) -> Result<Self, VirtioError> {
         let err = VirtioError::Thread;
         let wake = EventFd::new(EFD_NONBLOCK).map_err(err)?;
         let halt = Halt::default();
         let mut devices = Vec::new();
-        for s in bus.slots() {
+        for s in slots {
             if let Ok(mut t) = s.transport.lock() {
                 t.set_halt(halt.clone());
             }
@@ -255,16 +319,16 @@ impl DeviceThread {
             halt: halt.clone(),
         };
         let join = thread::Builder::new()
-            .name("lwpvmm-devices".into())
-            .spawn(move || run(state, mode))
+            .name(name.into())
+            .spawn(move || run(state, mode, kind, name))
             .map_err(err)?;
-        Ok(Some(DeviceThread {
+        Ok(OneThread {
             events,
             replies,
             wake,
             halt,
             join: Some(join),
-        }))
+        })
     }
 
     fn ask(&self, event: DeviceEvent) -> bool {
@@ -274,8 +338,7 @@ impl DeviceThread {
         self.events.send(event).is_ok() && self.wake.write(1).is_ok()
     }
 
-    /// Pauses the thread; returns once it waits.
-    pub fn pause(&self) -> Result<(), ControlError> {
+    fn pause(&self) -> Result<(), ControlError> {
         if self.ask(DeviceEvent::Pause) && self.replies.recv() == Ok(DeviceEvent::Pause) {
             Ok(())
         } else {
@@ -283,8 +346,7 @@ impl DeviceThread {
         }
     }
 
-    /// Lets a paused thread carry on.
-    pub fn resume(&self) -> Result<(), ControlError> {
+    fn resume(&self) -> Result<(), ControlError> {
         if self.ask(DeviceEvent::Resume) && self.replies.recv() == Ok(DeviceEvent::Resume) {
             Ok(())
         } else {
@@ -292,8 +354,7 @@ impl DeviceThread {
         }
     }
 
-    /// Stops the thread and waits for it.
-    pub fn finish(mut self) -> Result<(), VirtioError> {
+    fn finish(mut self) -> Result<(), VirtioError> {
         self.ask(DeviceEvent::Finish);
         match self.join.take().map(JoinHandle::join) {
             Some(Err(_)) => Err(VirtioError::Panicked),
@@ -302,7 +363,7 @@ impl DeviceThread {
     }
 }
 
-fn run(state: Loop, mode: SeccompMode) {
+fn run(state: Loop, mode: SeccompMode, kind: ThreadKind, name: &str) {
     let mut manager = match EventManager::<Arc<Mutex<Loop>>>::new() {
         Ok(m) => m,
         Err(e) => {
@@ -312,7 +373,7 @@ fn run(state: Loop, mode: SeccompMode) {
     };
     let state = Arc::new(Mutex::new(state));
     manager.add_subscriber(Arc::clone(&state));
-    if let Err(e) = seccomp::install(ThreadKind::Device, mode, "devices") {
+    if let Err(e) = seccomp::install(kind, mode, name) {
         log::error!("virtio devices: {e}; the devices stop");
         return;
     }

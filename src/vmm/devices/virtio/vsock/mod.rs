@@ -1,0 +1,296 @@
+//! The virtio vsock device (virtio 1.2, section 5.10) with Firecracker's
+//! hybrid host side ([`muxer`]): guest stream sockets reach host processes
+//! through Unix sockets. Three queues: the guest's receive buffers, its
+//! transmit packets, and events (lwpvmm's only event is the transport
+//! reset a restored device sends: connections do not survive a snapshot,
+//! as Firecracker documents). It runs on a thread of its own (worker.rs)
+//! under its own seccomp allowlist: the only device thread that touches
+//! host sockets.
+
+pub mod muxer;
+pub mod packet;
+
+use std::io::{Read, Write};
+use std::os::unix::io::RawFd;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use virtio_bindings::virtio_ids::VIRTIO_ID_VSOCK;
+use virtio_queue::{Queue, QueueOwnedT, QueueT};
+
+use self::muxer::{Muxer, MuxerError};
+use self::packet::{HDR_LEN, Header, MAX_PAYLOAD};
+use super::device::{DeviceError, DeviceSpec};
+use super::drain::drain;
+use super::mmio::{CHAINS_PER_CALL, Halt, Progress, VirtioDevice, read_space};
+use crate::guard::GuestMemory;
+use crate::vmm::base::metrics::VcpuMetrics;
+
+const QUEUE_SIZE: u16 = 256;
+const RX: usize = 0;
+const TX: usize = 1;
+const EVENT: usize = 2;
+/// VIRTIO_VSOCK_EVENT_TRANSPORT_RESET.
+const TRANSPORT_RESET: u32 = 0;
+
+/// A vsock device to attach (`PUT /vsock`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VsockConfig {
+    /// The guest's context ID (3 or more).
+    pub cid: u64,
+    /// The host socket; guest connections to port P go to `uds_path_P`.
+    pub uds_path: PathBuf,
+}
+
+/// The device.
+pub struct Vsock {
+    muxer: Muxer,
+    metrics: Arc<VcpuMetrics>,
+    halt: Halt,
+    /// Restored: the guest must drop its connections.
+    reset_pending: bool,
+    /// The reset went out and the guest has not handled it yet (it posts
+    /// its event buffer again when it has): until then nothing else goes
+    /// to the guest, or a connection made meanwhile would be reset too.
+    reset_unacked: bool,
+    packet: Vec<u8>,
+}
+
+impl Vsock {
+    /// A device for `config`, binding its socket.
+    pub fn new(config: &VsockConfig, metrics: Arc<VcpuMetrics>) -> Result<Self, MuxerError> {
+        Ok(Vsock {
+            muxer: Muxer::new(config.cid, &config.uds_path)?,
+            metrics,
+            halt: Halt::default(),
+            reset_pending: false,
+            reset_unacked: false,
+            packet: vec![0; HDR_LEN + MAX_PAYLOAD],
+        })
+    }
+
+    /// A restored device: its guest gets a transport reset first.
+    pub fn restored(config: &VsockConfig, metrics: Arc<VcpuMetrics>) -> Result<Self, MuxerError> {
+        let mut v = Self::new(config, metrics)?;
+        v.reset_pending = true;
+        v.muxer.kick();
+        Ok(v)
+    }
+
+    fn count(&self) {
+        let c = self.muxer.counts;
+        self.metrics
+            .device_errors
+            .store(c.refused + c.dropped, Ordering::Relaxed);
+    }
+
+    /// Takes the guest's packets.
+    fn transmit(
+        &mut self,
+        queue: &mut Queue,
+        mem: &GuestMemory,
+    ) -> Result<(bool, bool), DeviceError> {
+        let halt = self.halt.clone();
+        let Vsock { muxer, packet, .. } = self;
+        let done = drain(queue, mem, &halt, |chain| {
+            let Ok(mut reader) = chain.reader(mem) else {
+                muxer.counts.refused += 1;
+                return 0;
+            };
+            let n = reader.available_bytes().min(packet.len());
+            if reader.read_exact(&mut packet[..n]).is_err() {
+                muxer.counts.refused += 1;
+                return 0;
+            }
+            match Header::parse(&packet[..n]) {
+                Ok(h) if h.len as usize <= n - HDR_LEN => {
+                    muxer.from_guest(&h, &packet[HDR_LEN..HDR_LEN + h.len as usize]);
+                }
+                _ => muxer.counts.refused += 1,
+            }
+            0
+        })?;
+        self.count();
+        Ok((done.used, done.again))
+    }
+
+    /// Fills the guest's receive buffers with what the host side has.
+    fn receive(&mut self, queue: &mut Queue, mem: &GuestMemory) -> Result<Progress, DeviceError> {
+        if self.reset_unacked {
+            // The host waits (its sockets unpolled) until the event queue's
+            // notification says the guest took the reset.
+            return Ok(Progress {
+                interrupt: false,
+                host_input: Some(false),
+                again: false,
+            });
+        }
+        self.muxer.poll_host();
+        let mut used = false;
+        let mut rechecked = false;
+        for _ in 0..CHAINS_PER_CALL {
+            if !self.muxer.has_output() {
+                return Ok(Progress {
+                    interrupt: used && queue.needs_notification(mem)?,
+                    host_input: Some(true),
+                    again: false,
+                });
+            }
+            let Some(chain) = queue.pop_descriptor_chain(mem) else {
+                if queue.enable_notification(mem)? {
+                    if rechecked {
+                        return Err(DeviceError::Stalled);
+                    }
+                    rechecked = true;
+                    continue;
+                }
+                // No buffers: stop polling the host until the guest posts
+                // some (a guest that takes nothing costs nothing).
+                return Ok(Progress {
+                    interrupt: used && queue.needs_notification(mem)?,
+                    host_input: Some(false),
+                    again: false,
+                });
+            };
+            rechecked = false;
+            let head = chain.head_index();
+            let mut writer = match chain.writer(mem) {
+                Ok(w) => w,
+                Err(_) => {
+                    self.muxer.counts.refused += 1;
+                    queue.add_used(mem, head, 0)?;
+                    used = true;
+                    continue;
+                }
+            };
+            let room = writer.available_bytes();
+            let Some((h, n)) = self.muxer.to_guest(room) else {
+                queue.go_to_previous_position();
+                break;
+            };
+            let written = if room < HDR_LEN + n {
+                self.muxer.requeue(h);
+                0
+            } else {
+                let ok = writer.write_all(&h.bytes()).is_ok()
+                    && writer.write_all(self.muxer.payload(n)).is_ok();
+                if ok { HDR_LEN + n } else { 0 }
+            };
+            queue.add_used(mem, head, written as u32)?;
+            used = true;
+            if self.halt.requested() {
+                break;
+            }
+        }
+        self.count();
+        Ok(Progress {
+            interrupt: used && queue.needs_notification(mem)?,
+            host_input: Some(true),
+            again: false,
+        })
+    }
+
+    /// Sends a restored device's transport reset, once an event buffer is
+    /// there.
+    fn event(&mut self, queue: &mut Queue, mem: &GuestMemory) -> Result<bool, DeviceError> {
+        if !self.reset_pending {
+            return Ok(false);
+        }
+        let Some(chain) = queue.pop_descriptor_chain(mem) else {
+            return Ok(false);
+        };
+        let head = chain.head_index();
+        let written = match chain.writer(mem) {
+            Ok(mut w) => {
+                if w.write_all(&TRANSPORT_RESET.to_le_bytes()).is_ok() {
+                    4
+                } else {
+                    0
+                }
+            }
+            Err(_) => 0,
+        };
+        queue.add_used(mem, head, written)?;
+        self.reset_pending = false;
+        self.reset_unacked = true;
+        Ok(queue.needs_notification(mem)?)
+    }
+}
+
+impl VirtioDevice for Vsock {
+    fn device_type(&self) -> u32 {
+        VIRTIO_ID_VSOCK
+    }
+
+    fn features(&self) -> u64 {
+        0
+    }
+
+    fn queue_max_sizes(&self) -> &'static [u16] {
+        &[QUEUE_SIZE, QUEUE_SIZE, QUEUE_SIZE]
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        // struct virtio_vsock_config { le64 guest_cid; }
+        read_space(&self.muxer.cid().to_le_bytes(), offset, data);
+    }
+
+    fn notified(
+        &mut self,
+        index: usize,
+        queues: &mut [Queue],
+        mem: &GuestMemory,
+    ) -> Result<Progress, DeviceError> {
+        match index {
+            RX => self.host_input(queues, mem),
+            EVENT => {
+                // The guest posted its event buffer again: it handled the
+                // reset (or never got one).
+                self.reset_unacked = false;
+                self.host_input(queues, mem)
+            }
+            TX => {
+                let queue = queues.get_mut(TX).ok_or(DeviceError::NoQueue(TX))?;
+                let (taken, again) = self.transmit(queue, mem)?;
+                let tx_interrupt = taken && queue.needs_notification(mem)?;
+                // The answers (a RESPONSE, a reset, credit) go out now.
+                let mut p = self.host_input(queues, mem)?;
+                p.interrupt |= tx_interrupt;
+                p.again = again;
+                Ok(p)
+            }
+            other => Err(DeviceError::NoQueue(other)),
+        }
+    }
+
+    fn host_input(
+        &mut self,
+        queues: &mut [Queue],
+        mem: &GuestMemory,
+    ) -> Result<Progress, DeviceError> {
+        let event = match queues.get_mut(EVENT) {
+            Some(q) => self.event(q, mem)?,
+            None => return Err(DeviceError::NoQueue(EVENT)),
+        };
+        let queue = queues.get_mut(RX).ok_or(DeviceError::NoQueue(RX))?;
+        let mut p = self.receive(queue, mem)?;
+        p.interrupt |= event;
+        Ok(p)
+    }
+
+    fn host_fd(&self) -> Option<RawFd> {
+        Some(self.muxer.fd())
+    }
+
+    fn set_halt(&mut self, halt: Halt) {
+        self.halt = halt;
+    }
+
+    fn spec(&self) -> DeviceSpec {
+        DeviceSpec::Vsock {
+            cid: self.muxer.cid(),
+            uds_path: self.muxer.uds_path().to_owned(),
+        }
+    }
+}
