@@ -7,7 +7,8 @@
 //! Diff snapshot are taken through `/snapshot/create` and the Diff is
 //! loaded in a new process through `/snapshot/load`, where the self-test
 //! completes and the guest answers over vsock again (its connections were
-//! reset, its listener was not). The same guest boots from a
+//! reset, its listener was not). A drive gets a new image after the start
+//! (`PATCH /drives`) and the guest sees its new size. The same guest boots from a
 //! `--config-file` with `--no-api`. Misuse before and after the start is
 //! answered, and the process goes on.
 
@@ -246,6 +247,21 @@ fn a_linux_guest_boots_snapshots_and_loads_through_firecrackers_api_alone() {
         b"over vsock, before the snapshot"
     );
     assert_eq!(hello.join().unwrap(), "lwp-vsock: hello from the guest\n");
+    // A new image for the root drive, of another size: the guest hears of
+    // its capacity through a configuration interrupt (the kernel's line is
+    // checked at the end).
+    let small = dir.join("small.img");
+    std::fs::write(&small, vec![0u8; 1 << 20]).unwrap();
+    expect(
+        &sock,
+        "PATCH",
+        "/drives/rootfs",
+        &format!(
+            r#"{{"drive_id": "rootfs", "path_on_host": "{}"}}"#,
+            path(&small)
+        ),
+        204,
+    );
 
     let midway = format!("ok - {}", PROGRAMS[2]);
     assert!(
@@ -284,6 +300,10 @@ fn a_linux_guest_boots_snapshots_and_loads_through_firecrackers_api_alone() {
     let console = Console::of(&out);
     assert_eq!(out.status.code(), Some(0), "{console}");
     assert!(!console.contains("not ok"), "{console}");
+    assert!(
+        console.contains("[vda] new size: 2048 512-byte logical blocks"),
+        "the guest did not see the drive's new image:\n{console}"
+    );
     assert!(!sock.exists(), "the socket is removed at the end");
     assert!(!uds.exists(), "the vsock socket is removed at the end");
     let logged = std::fs::read_to_string(&log).unwrap_or_default();

@@ -200,6 +200,13 @@ fn vm() -> VmmHandle {
                 VmRequest::FlushMetrics(r) => {
                     let _ = r.send(Err(ControlError::NoMetricsFile));
                 }
+                VmRequest::ReplaceDisk(_, path, r) => {
+                    let _ = r.send(if path.exists() {
+                        Ok(())
+                    } else {
+                        Err(ControlError::Drive("no such file".into()))
+                    });
+                }
                 VmRequest::Snapshot(dir, _, r) => {
                     let _ = r.send(Ok(SnapshotInfo {
                         dir,
@@ -764,8 +771,32 @@ fn after_rows(kernel: &str) -> Vec<Row> {
             "/drives/rootfs",
             "/drives/{drive_id}",
             json!({"drive_id": "rootfs", "path_on_host": kernel}),
+            204,
+            "",
+        ),
+        (
+            "PATCH",
+            "/drives/rootfs",
+            "/drives/{drive_id}",
+            json!({"drive_id": "rootfs", "path_on_host": "/no/such/image"}),
             400,
-            "a drive's backing file is fixed at start",
+            "path_on_host /no/such/image",
+        ),
+        (
+            "PATCH",
+            "/drives/data",
+            "/drives/{drive_id}",
+            json!({"drive_id": "data", "path_on_host": kernel}),
+            400,
+            "no drive `data` was added before the start",
+        ),
+        (
+            "PATCH",
+            "/drives/rootfs",
+            "/drives/{drive_id}",
+            json!({"drive_id": "rootfs", "path_on_host": kernel, "rate_limiter": {"ops": {"size": 1, "refill_time": 1}}}),
+            400,
+            "rate_limiter is not offered",
         ),
         (
             "PUT",

@@ -71,7 +71,32 @@ pub struct Args {
     pub version: bool,
     /// `--describe-snapshot`.
     pub describe_snapshot: Option<PathBuf>,
+    /// `--help`.
+    pub help: bool,
 }
+
+/// What `--help` prints.
+pub const USAGE: &str = "\
+lwpvmm as firecracker: Firecracker's command line and API over lwpvmm
+(README: \"Running under a Firecracker orchestrator\").
+
+Usage: firecracker [--api-sock PATH | --no-api --config-file FILE] [OPTIONS]
+       lwpvmm firecracker [the same]
+
+  --api-sock PATH         the API socket (default /run/firecracker.socket)
+  --config-file FILE      boot at once from a Firecracker configuration file
+  --no-api                serve no API (needs --config-file)
+  --id ID                 the instance's id (GET /)
+  --log-path FILE         append log lines to FILE (a file or a FIFO)
+  --level LEVEL           Error, Warning, Info, Debug, Trace or Off
+  --metrics-path FILE     lwpvmm's counters, on FlushMetrics and at the end
+  --no-seccomp            no seccomp filters
+  --describe-snapshot DIR the format of an lwpvmm snapshot
+  --version               the API version lwpvmm follows
+  --show-level, --show-log-origin, --boot-timer, --start-time-us,
+  --start-time-cpu-us, --parent-cpu-time-us, --http-api-max-payload-size
+                          accepted as Firecracker takes them
+";
 
 /// Whether an option takes a value.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -104,6 +129,7 @@ const OPTIONS: &[(&str, Takes)] = &[
     ("http-api-max-payload-size", Takes::Value),
     ("mmds-size-limit", Takes::Value),
     ("enable-pci", Takes::Flag),
+    ("help", Takes::Flag),
 ];
 
 /// The log levels Firecracker takes, any case.
@@ -115,6 +141,7 @@ impl Args {
         let mut seen: Vec<(&'static str, Option<String>)> = Vec::new();
         let mut it = args.iter().map(AsRef::as_ref);
         while let Some(arg) = it.next() {
+            let arg = if arg == "-h" { "--help" } else { arg };
             let Some(body) = arg.strip_prefix("--") else {
                 return Err(ArgsError::Unexpected(arg.to_owned()));
             };
@@ -212,6 +239,7 @@ impl Args {
             boot_timer: has("boot-timer"),
             version: has("version"),
             describe_snapshot: value("describe-snapshot").map(PathBuf::from),
+            help: has("help"),
         })
     }
 }

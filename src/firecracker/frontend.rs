@@ -373,13 +373,13 @@ impl Frontend for FirecrackerApi {
             ("GET", "/machine-config") => Response::json(200, &self.setup.machine),
             ("GET", "/vm/config") => Response::json(200, &self.setup.full()),
             (_, _) if pre_boot && r.method != "GET" => Response::fault(400, AFTER_START),
-            ("PATCH", _) if r.path.starts_with("/drives/") => match body::<PartialDrive>(r) {
-                Ok(_) => Response::fault(
-                    400,
-                    "PATCH /drives is not offered by lwpvmm yet: a drive's backing file is fixed at start",
-                ),
-                Err(e) => e,
-            },
+            ("PATCH", _) if r.path.starts_with("/drives/") => {
+                let id = r.path.trim_start_matches("/drives/").to_owned();
+                match body::<PartialDrive>(r) {
+                    Ok(patch) => self.patch_drive(&id, patch, vm),
+                    Err(e) => e,
+                }
+            }
             ("PUT", "/actions") => match body::<Action>(r) {
                 Ok(Action { action_type }) => match action_type {
                     ActionType::InstanceStart => Response::fault(
@@ -407,6 +407,29 @@ impl Frontend for FirecrackerApi {
 }
 
 impl FirecrackerApi {
+    /// `PATCH /drives/{id}` after the start: a new backing file, in the
+    /// drive's mode; the guest is told its capacity may have changed.
+    fn patch_drive(&mut self, id: &str, patch: PartialDrive, vm: &VmmHandle) -> Response {
+        let result = self
+            .setup
+            .patch_drive(id, &patch)
+            .map_err(refused)
+            .and_then(|(index, path)| {
+                vm.replace_disk(index, Path::new(&path))
+                    .map_err(|e| Response::fault(e.status(), &e.to_string()))
+                    .map(|()| (index, path))
+            });
+        match result {
+            Ok((_, path)) => {
+                if let Some(d) = self.setup.drives.iter_mut().find(|d| d.drive_id == id) {
+                    d.path_on_host = Some(path);
+                }
+                Response::no_content()
+            }
+            Err(e) => e,
+        }
+    }
+
     /// `PUT /snapshot/create` in Firecracker's shape.
     fn snapshot(&self, r: &Request, vm: &VmmHandle) -> Option<Response> {
         let create = match body::<SnapshotCreate>(r) {

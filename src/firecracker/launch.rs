@@ -216,7 +216,21 @@ pub fn boot(setup: &Setup, settings: HostSettings) -> Result<(Vmm, Started), Lau
     let kernel_symbols = read_kernel_symbols(&kernel_path)
         .ok()
         .map(|bytes| (kernel_path.display().to_string(), Arc::new(bytes)));
-    let vmm = crate::vmm::build_for_boot(&config)?;
+    let vsock = config.vsock.as_ref().map(|v| v.uds_path.clone());
+    let fresh = vsock
+        .as_deref()
+        .is_some_and(|p| p.symlink_metadata().is_err());
+    let vmm = match crate::vmm::build_for_boot(&config) {
+        Ok(vmm) => vmm,
+        Err(e) => {
+            // The socket the failed build bound (not one that was there
+            // before): a second InstanceStart must find the path free.
+            if let Some(path) = vsock.filter(|_| fresh) {
+                remove_socket(&path);
+            }
+            return Err(e.into());
+        }
+    };
     let started = Started {
         vm: vmm.handle(),
         sysroot,
@@ -259,6 +273,13 @@ pub fn load(
         });
     }
     Ok((vmm, started))
+}
+
+/// Removes `path` if it is a socket.
+fn remove_socket(path: &Path) {
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
+        let _ = std::fs::remove_file(path);
+    }
 }
 
 /// Opens the log file `PUT /logger` or `--log-path` names: a regular file

@@ -97,6 +97,10 @@ fn read_config(path: &Path) -> Result<FullConfig, RunError> {
 /// returns the exit status.
 pub fn main(args: &[String], out: &mut dyn Write) -> Result<u8, RunError> {
     let args = Args::parse(args)?;
+    if args.help {
+        write!(out, "{}", super::args::USAGE)?;
+        return Ok(0);
+    }
     if args.version {
         writeln!(
             out,

@@ -322,6 +322,39 @@ impl Setup {
         Ok(())
     }
 
+    /// `PATCH /drives/{id}` after the start: the drive's index in boot
+    /// order and its new file, checked.
+    pub fn patch_drive(
+        &self,
+        id: &str,
+        patch: &super::model::PartialDrive,
+    ) -> Result<(usize, String), SetupError> {
+        if patch.drive_id != id {
+            return Err(SetupError::IdMismatch {
+                path: id.to_owned(),
+                body: patch.drive_id.clone(),
+            });
+        }
+        refuse(&patch.rate_limiter, "rate_limiter", NO_RATE_LIMITERS)?;
+        let index = self
+            .ordered_drives()
+            .iter()
+            .position(|d| d.drive_id == id)
+            .ok_or_else(|| SetupError::Invalid {
+                field: "drive_id",
+                why: format!(
+                    "no drive `{}` was added before the start",
+                    id.chars().take(64).collect::<String>()
+                ),
+            })?;
+        let path = patch.path_on_host.clone().ok_or(SetupError::Invalid {
+            field: "path_on_host",
+            why: "give the drive's new image".into(),
+        })?;
+        regular_file("path_on_host", &path)?;
+        Ok((index, path))
+    }
+
     /// `PUT /network-interfaces/{id}`.
     pub fn network(&mut self, id: &str, net: NetworkInterface) -> Result<(), SetupError> {
         if net.iface_id != id {

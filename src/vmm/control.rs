@@ -373,6 +373,14 @@ impl Control {
                 Request::FlushMetrics(reply) => {
                     let _ = reply.send(self.flush_metrics());
                 }
+                Request::ReplaceDisk(index, path, reply) => {
+                    let done = self
+                        .shared
+                        .virtio
+                        .replace_disk(index, &path)
+                        .map_err(|e| ControlError::Drive(e.to_string()));
+                    let _ = reply.send(done);
+                }
                 Request::Paused(reply) => {
                     let _ = reply.send(*paused);
                 }

@@ -631,6 +631,9 @@ mod tests {
                     VmRequest::FlushMetrics(r) => {
                         let _ = r.send(Err(ControlError::NoMetricsFile));
                     }
+                    VmRequest::ReplaceDisk(_, _, r) => {
+                        let _ = r.send(Ok(()));
+                    }
                     VmRequest::SampleHz(hz, r) => {
                         let _ = r.send(match hz {
                             7 => Err(ControlError::NoSampler),

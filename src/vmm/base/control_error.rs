@@ -31,6 +31,9 @@ pub enum ControlError {
     /// A diff snapshot of a VM started without `--snapshot-diff`.
     #[error("diff snapshots need dirty-page tracking: start the VM with --snapshot-diff")]
     DiffUntracked,
+    /// A disk's new image could not be used.
+    #[error("the drive's new image: {0}")]
+    Drive(String),
     /// A metrics flush for a VM without a metrics file.
     #[error(
         "this VM has no metrics file: configure one first (--metrics, or PUT /metrics before start)"
@@ -98,7 +101,9 @@ impl ControlError {
     /// Whose fault it was.
     pub fn fault(&self) -> Fault {
         match self {
-            ControlError::ParentDirectory(_) | ControlError::Directory { .. } => Fault::Request,
+            ControlError::ParentDirectory(_)
+            | ControlError::Directory { .. }
+            | ControlError::Drive(_) => Fault::Request,
             ControlError::NoSampler
             | ControlError::DiffUntracked
             | ControlError::NoParent

@@ -62,6 +62,8 @@ pub enum Request {
     Paused(Sender<bool>),
     /// Write the metrics file now.
     FlushMetrics(Sender<Result<(), ControlError>>),
+    /// Give the `usize`th disk this image.
+    ReplaceDisk(usize, PathBuf, Sender<Result<(), ControlError>>),
     /// Set the sampler's rate.
     SampleHz(u32, Sender<Result<(), ControlError>>),
     /// Stop the VM.
@@ -161,6 +163,12 @@ impl VmmHandle {
     /// Writes the metrics file now (Firecracker's `FlushMetrics`).
     pub fn flush_metrics(&self) -> Result<(), ControlError> {
         self.ask(Request::FlushMetrics)?
+    }
+
+    /// Gives the `index`th disk the image at `path` (Firecracker's
+    /// `PATCH /drives`).
+    pub fn replace_disk(&self, index: usize, path: &Path) -> Result<(), ControlError> {
+        self.ask(|reply| Request::ReplaceDisk(index, path.to_owned(), reply))?
     }
 
     /// Whether the VM is paused now.

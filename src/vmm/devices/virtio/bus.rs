@@ -268,6 +268,38 @@ impl VirtioBus {
         self.slots.is_empty()
     }
 
+    /// Gives the `index`th block device (in `--disk` order) the image at
+    /// `path`, in the mode it was attached with, and tells the guest its
+    /// capacity changed (Firecracker's `PATCH /drives`).
+    pub fn replace_disk(&self, index: usize, path: &Path) -> Result<(), VirtioError> {
+        let slot = self
+            .slots
+            .iter()
+            .filter(|s| {
+                s.transport
+                    .lock()
+                    .is_ok_and(|t| matches!(t.device().spec(), DeviceSpec::Block { .. }))
+            })
+            .nth(index)
+            .ok_or_else(|| VirtioError::Snapshot(format!("there is no disk {index}")))?;
+        let read_only = match slot.transport.lock().map(|t| t.device().spec()) {
+            Ok(DeviceSpec::Block { read_only, .. }) => read_only,
+            _ => return Err(VirtioError::Snapshot("the disk's lock is poisoned".into())),
+        };
+        let disk = open_disk(path, read_only, Arc::clone(&slot.metrics))?;
+        let replaced = slot
+            .transport
+            .lock()
+            .is_ok_and(|mut t| t.replace_device(Box::new(disk)));
+        if replaced {
+            Ok(())
+        } else {
+            Err(VirtioError::Snapshot(format!(
+                "disk {index} cannot change its image"
+            )))
+        }
+    }
+
     /// The host sockets the devices bound (a vsock device's), which the
     /// thread that runs the VM removes at its end.
     pub fn socket_paths(&self) -> Vec<std::path::PathBuf> {

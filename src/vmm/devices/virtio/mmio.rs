@@ -124,6 +124,16 @@ pub trait VirtioDevice: Send {
     fn host_fd(&self) -> Option<std::os::unix::io::RawFd>;
     /// What the device was built from, for snapshots.
     fn spec(&self) -> DeviceSpec;
+    /// Takes `new` in its place (a block device's new backing file,
+    /// Firecracker's `PATCH /drives`): false when the device is not one
+    /// that can.
+    fn replace_with(&mut self, _new: Box<dyn VirtioDevice>) -> bool {
+        false
+    }
+    /// The block device this is, if it is one (for [`Self::replace_with`]).
+    fn into_block(self: Box<Self>) -> Option<super::block::Block> {
+        None
+    }
 }
 
 /// A queue's state as a snapshot holds it (`virtio_queue::QueueState`,
@@ -489,6 +499,19 @@ impl MmioTransport {
         if let Ok(queues) = Self::fresh_queues(self.device.as_ref()) {
             self.queues = queues;
         }
+    }
+
+    /// Gives the device a new backing (`VirtioDevice::replace_with`) and
+    /// tells the driver its configuration changed (a new capacity).
+    pub fn replace_device(&mut self, new: Box<dyn VirtioDevice>) -> bool {
+        let done = self.device.replace_with(new);
+        if done {
+            self.regs.config_generation = self.regs.config_generation.wrapping_add(1);
+            if self.activated() {
+                self.interrupt(VIRTIO_MMIO_INT_CONFIG);
+            }
+        }
+        done
     }
 
     fn interrupt(&mut self, why: u32) {
