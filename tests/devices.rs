@@ -16,12 +16,12 @@ mod common;
 
 use std::fs;
 use std::io::{Read, Write};
-use std::net::{Shutdown, TcpStream};
+use std::net::Shutdown;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use common::{Console, RUN_LIMIT, linux, output_within, require_kvm, spawn_within};
+use common::{Console, Netns, RUN_LIMIT, linux, output_within, require_kvm, spawn_within};
 use lwpvmm::vmm::boot::disk_cmdline;
 
 /// A scratch directory of this test's own.
@@ -204,69 +204,6 @@ fn a_snapshot_taken_during_disk_io_restores_and_a_read_only_disk_refuses_writes(
     );
     assert!(matched(&restored), "{restored}");
     assert_eq!(fs::read(&ro).expect("read-only image"), ro_bytes);
-}
-
-/// A network namespace with a tap, torn down when dropped.
-struct Netns {
-    name: String,
-}
-
-impl Netns {
-    fn ip(args: &[&str]) -> Output {
-        Command::new("ip")
-            .args(args)
-            .output()
-            .expect("the network test needs `ip` (iproute2)")
-    }
-
-    fn create(name: &str) -> Netns {
-        let _ = Self::ip(&["netns", "delete", name]);
-        let steps: [&[&str]; 5] = [
-            &["netns", "add", name],
-            &["-n", name, "tuntap", "add", "dev", "lwptap0", "mode", "tap"],
-            &["-n", name, "addr", "add", "172.30.0.1/24", "dev", "lwptap0"],
-            &["-n", name, "link", "set", "lwptap0", "up"],
-            &["-n", name, "link", "set", "lo", "up"],
-        ];
-        let ns = Netns {
-            name: name.to_owned(),
-        };
-        for step in steps {
-            let out = Self::ip(step);
-            assert!(
-                out.status.success(),
-                "`ip {}` failed: {} (the network test needs /dev/net/tun and the rights to create network namespaces and taps: run it as root)",
-                step.join(" "),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        ns
-    }
-
-    /// Connects to `addr` from inside the namespace (on a thread that
-    /// enters it), retrying while the guest boots.
-    fn connect(&self, addr: &'static str, until: Instant) -> std::io::Result<TcpStream> {
-        let ns = fs::File::open(format!("/run/netns/{}", self.name)).expect("the namespace");
-        std::thread::spawn(move || {
-            // Only this thread enters the namespace.
-            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
-            loop {
-                match TcpStream::connect_timeout(&addr.parse().unwrap(), Duration::from_secs(2)) {
-                    Ok(s) => return Ok(s),
-                    Err(e) if Instant::now() > until => return Err(e),
-                    Err(_) => std::thread::sleep(Duration::from_millis(500)),
-                }
-            }
-        })
-        .join()
-        .expect("the connecting thread")
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Self::ip(&["netns", "delete", &self.name]);
-    }
 }
 
 /// A guest with `ip=` on a tap the test creates in a network namespace of

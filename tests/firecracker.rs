@@ -22,7 +22,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::{Console, PROGRAMS, RUN_LIMIT, http, linux, require_kvm, spawn_within, wait_for_path};
+use common::{
+    Console, Netns, PROGRAMS, RUN_LIMIT, http, linux, require_kvm, spawn_within, wait_for_path,
+};
 
 /// The self-test's summary line.
 const ALL_PASSED: &str = "lwp-linux-selftest: 22 passed, 0 failed";
@@ -90,10 +92,24 @@ fn a_linux_guest_boots_snapshots_and_loads_through_firecrackers_api_alone() {
     let linux = linux();
     // The host process the guest says hello to: `uds_path_PORT`.
     let hello = UnixListener::bind(dir.join(format!("v.sock_{}", VSOCK_PORT + 1))).unwrap();
+    // Waited for at most RUN_LIMIT, so that a guest that never says
+    // hello fails the test instead of hanging it.
+    hello.set_nonblocking(true).unwrap();
     let hello = std::thread::spawn(move || {
-        let (mut s, _) = hello.accept().unwrap();
+        let until = std::time::Instant::now() + RUN_LIMIT;
+        let mut s = loop {
+            match hello.accept() {
+                Ok((s, _)) => break s,
+                Err(_) if std::time::Instant::now() < until => {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => return format!("no hello from the guest: {e}"),
+            }
+        };
+        s.set_nonblocking(false).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
         let mut said = String::new();
-        s.read_to_string(&mut said).unwrap();
+        let _ = s.read_to_string(&mut said);
         said
     });
     let mut vm = spawn_within(
@@ -233,6 +249,10 @@ fn a_linux_guest_boots_snapshots_and_loads_through_firecrackers_api_alone() {
         r#"{"action_type": "FlushMetrics"}"#,
         204,
     );
+    // lwpvmm's own endpoints answer on Firecracker's socket.
+    let prometheus = expect(&sock, "GET", "/metrics", "", 200);
+    assert!(prometheus.contains("lwpvmm_"), "{prometheus}");
+    expect(&sock, "GET", "/debug/pprof/profile?seconds=1", "", 200);
     let flushed = std::fs::read_to_string(&metrics).expect("the metrics file after FlushMetrics");
     assert!(flushed.contains("\"vcpus\""), "{flushed}");
 
@@ -361,26 +381,39 @@ fn a_linux_guest_boots_snapshots_and_loads_through_firecrackers_api_alone() {
 #[test]
 fn a_config_file_boots_the_guest_without_the_api() {
     require_kvm();
+    assert!(
+        Path::new("/dev/net/tun").exists(),
+        "the config-file test puts the guest on a tap: it needs /dev/net/tun, which is missing on this machine"
+    );
     let dir = scratch("config");
     let linux = linux();
     let config = dir.join("vm.json");
+    let metrics = dir.join("metrics.json");
+    // The guest on a tap in a namespace of the test's own, its address
+    // from `ip=`, as Firecracker's getting-started guide sets it.
+    let ns = Netns::create(&format!("lwpvmm-fc-{}", std::process::id()));
     std::fs::write(
         &config,
         format!(
             r#"{{
-  "boot-source": {{"kernel_image_path": "{}", "initrd_path": "{}"}},
+  "boot-source": {{"kernel_image_path": "{}", "initrd_path": "{}", "boot_args": "{} ip=172.30.0.2::172.30.0.1:255.255.255.0::eth0:off"}},
   "drives": [{{"drive_id": "rootfs", "path_on_host": "{}", "is_root_device": true, "is_read_only": true}}],
   "machine-config": {{"vcpu_count": 2, "mem_size_mib": 64}},
+  "network-interfaces": [{{"iface_id": "eth0", "guest_mac": "06:00:ac:10:00:02", "host_dev_name": "lwptap0"}}],
   "lwp": {{"profile": "emulated"}}
 }}"#,
             path(&linux.join("vmlinux")),
             path(&linux.join("initramfs.cpio")),
+            lwpvmm::vmm::boot::LINUX_CMDLINE,
             path(&linux.join("rootfs.ext4"))
         ),
     )
     .unwrap();
     let run = spawn_within(
-        common::command().args(["firecracker", "--no-api", "--config-file", path(&config)]),
+        Command::new("ip")
+            .args(["netns", "exec", &ns.name, common::BIN])
+            .args(["firecracker", "--no-api", "--config-file", path(&config)])
+            .args(["--metrics-path", path(&metrics)]),
         RUN_LIMIT,
     );
     let out = run.wait();
@@ -388,6 +421,13 @@ fn a_config_file_boots_the_guest_without_the_api() {
     assert_eq!(out.status.code(), Some(0), "{console}");
     assert!(console.contains(ALL_PASSED), "{console}");
     assert!(console.contains("lwp-linux-selftest: cpus 2"), "{console}");
+    assert!(
+        console.contains("IP-Config: Complete:")
+            && console.contains("hwaddr=06:00:ac:10:00:02, ipaddr=172.30.0.2"),
+        "the guest's eth0 is the tap's, with the config file's MAC:\n{console}"
+    );
+    let written = std::fs::read_to_string(&metrics).expect("--metrics-path is written at the end");
+    assert!(written.contains("\"end\""), "{written}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

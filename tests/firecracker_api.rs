@@ -1026,7 +1026,7 @@ fn the_config_file_format_is_firecrackers_full_vm_configuration() {
     assert_eq!(parsed.drives[0].drive_id, "rootfs");
     assert_eq!(parsed.lwp.unwrap().profile.as_deref(), Some("precise"));
     assert_eq!(parsed.vsock.unwrap().guest_cid, 3);
-    // (a section lwpvmm refuses, the words that say so)
+    // (a section lwpvmm refuses or whose value it refuses, the words that say so)
     let refused: &[(&str, Value, &str)] = &[
         (
             "balloon",
@@ -1042,6 +1042,17 @@ fn the_config_file_format_is_firecrackers_full_vm_configuration() {
         ("cpu-config", json!({}), "cpu-config is not offered"),
         ("pmem", json!([]), "pmem is not offered"),
         ("memory-hotplug", json!({}), "memory-hotplug is not offered"),
+        (
+            "logger",
+            json!({"module": "api_server"}),
+            "module is not offered",
+        ),
+        ("logger", json!({"level": "Loud"}), "`Loud` is not a level"),
+        (
+            "vsock",
+            json!({"guest_cid": 2, "uds_path": "/tmp/v"}),
+            "2 is not a guest's context ID",
+        ),
     ];
     for (section, value, text) in refused {
         let mut c = json!({});

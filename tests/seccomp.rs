@@ -29,6 +29,8 @@ fn probe(which: &str) -> ! {
         ThreadKind::Device
     } else if which.starts_with("api") {
         ThreadKind::Api
+    } else if which.starts_with("vsock") {
+        ThreadKind::Vsock
     } else {
         ThreadKind::Vcpu
     };
@@ -51,7 +53,8 @@ fn probe(which: &str) -> ! {
     });
     install(kind, mode, "probe").expect("install the filter");
     if which.contains("denied") {
-        // socket(2) is in no lwpvmm allowlist.
+        // socket(2) then bind(2): the vsock thread may make a socket, no
+        // thread may bind one.
         let _ = std::net::UdpSocket::bind("127.0.0.1:0");
         println!("survived a denied system call");
         std::process::exit(3);
@@ -92,7 +95,7 @@ fn main() {
     );
     let me = std::env::current_exe().expect("current exe");
     // (probe, exit code, text on stdout or stderr)
-    let cases: [(&str, i32, &str); 15] = [
+    let cases: [(&str, i32, &str); 18] = [
         ("vcpu-allowed", 0, "alive"),
         ("vcpu-denied", 2, "seccomp: thread probe (tid "),
         (
@@ -121,6 +124,18 @@ fn main() {
         ("api-overcommit", 0, "overcommit read Ok(true)"),
         (
             "api-create-vm",
+            2,
+            "made syscall 16 (ioctl, request 0xae01)",
+        ),
+        ("vsock-allowed", 0, "alive"),
+        // The vsock thread may make sockets, but bind none.
+        (
+            "vsock-denied",
+            2,
+            &format!("made syscall {}", libc::SYS_bind),
+        ),
+        (
+            "vsock-create-vm",
             2,
             "made syscall 16 (ioctl, request 0xae01)",
         ),

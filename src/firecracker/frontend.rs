@@ -132,7 +132,7 @@ impl FirecrackerApi {
             ("PUT", "/lwp") => applied(self.setup.lwp(body::<Lwp>(r)?)),
             ("PUT", "/logger") => {
                 let logger = body::<Logger>(r)?;
-                check_logger(&logger).map_err(refused)?;
+                Setup::check_logger(&logger).map_err(refused)?;
                 if let Some(path) = &logger.log_path {
                     let path = PathBuf::from(path);
                     self.ask(|reply| Launch::Logger(path, reply))?;
@@ -279,28 +279,6 @@ fn unknown(r: &Request) -> Response {
             r.path.chars().take(64).collect::<String>()
         ),
     )
-}
-
-/// Refuses what lwpvmm's logger cannot do.
-fn check_logger(logger: &Logger) -> Result<(), SetupError> {
-    if logger.module.is_some() {
-        return Err(SetupError::NotOffered {
-            field: "module",
-            why: "lwpvmm has one log level for every module; leave it out",
-        });
-    }
-    if let Some(level) = &logger.level
-        && !super::args::LEVELS.contains(&level.to_ascii_lowercase().as_str())
-    {
-        return Err(SetupError::Invalid {
-            field: "level",
-            why: format!(
-                "`{}` is not a level: give Error, Warning, Info, Debug, Trace or Off",
-                level.chars().take(32).collect::<String>()
-            ),
-        });
-    }
-    Ok(())
 }
 
 /// Sets the log level Firecracker's way (`Warning`, any case).

@@ -130,12 +130,12 @@ pub fn main(args: &[String], out: &mut dyn Write) -> Result<u8, RunError> {
     set_level(args.level.as_deref());
     let mut setup = match &args.config_file {
         Some(path) => {
-            let config = read_config(path)?;
-            if let Some(log_path) = config.logger.as_ref().and_then(|l| l.log_path.as_ref()) {
+            let setup = Setup::from_file(read_config(path)?)?;
+            if let Some(log_path) = setup.logger.as_ref().and_then(|l| l.log_path.as_ref()) {
                 crate::log_sink::redirect(launch::open_log(Path::new(log_path))?);
             }
-            set_level(config.logger.as_ref().and_then(|l| l.level.as_deref()));
-            Setup::from_file(config)?
+            set_level(setup.logger.as_ref().and_then(|l| l.level.as_deref()));
+            setup
         }
         None => Setup::default(),
     };

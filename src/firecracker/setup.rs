@@ -421,6 +421,29 @@ impl Setup {
         Ok(())
     }
 
+    /// Refuses what lwpvmm's logger cannot do (`PUT /logger`, the config
+    /// file's `logger`).
+    pub fn check_logger(logger: &Logger) -> Result<(), SetupError> {
+        if logger.module.is_some() {
+            return Err(SetupError::NotOffered {
+                field: "module",
+                why: "lwpvmm has one log level for every module; leave it out",
+            });
+        }
+        if let Some(level) = &logger.level
+            && !super::args::LEVELS.contains(&level.to_ascii_lowercase().as_str())
+        {
+            return Err(SetupError::Invalid {
+                field: "level",
+                why: format!(
+                    "`{}` is not a level: give Error, Warning, Info, Debug, Trace or Off",
+                    level.chars().take(32).collect::<String>()
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// `PUT /metrics`.
     pub fn metrics(&mut self, metrics: Metrics) -> Result<(), SetupError> {
         refuse(
@@ -509,6 +532,9 @@ impl Setup {
         }
         if let Some(l) = config.lwp {
             setup.lwp(l)?;
+        }
+        if let Some(l) = &config.logger {
+            Self::check_logger(l)?;
         }
         setup.logger = config.logger;
         Ok(setup)

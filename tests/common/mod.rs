@@ -485,3 +485,76 @@ pub fn wait_for_path(path: &std::path::Path, within: Duration) {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// A network namespace with a tap, torn down when dropped (the tests
+/// that need one run as root, as CI does).
+pub struct Netns {
+    /// Its name (`ip netns exec NAME ...`).
+    pub name: String,
+}
+
+impl Netns {
+    fn ip(args: &[&str]) -> Output {
+        Command::new("ip")
+            .args(args)
+            .output()
+            .expect("the network test needs `ip` (iproute2)")
+    }
+
+    /// A namespace `name` with the tap `lwptap0` at 172.30.0.1/24, up.
+    pub fn create(name: &str) -> Netns {
+        let _ = Self::ip(&["netns", "delete", name]);
+        let steps: [&[&str]; 5] = [
+            &["netns", "add", name],
+            &["-n", name, "tuntap", "add", "dev", "lwptap0", "mode", "tap"],
+            &["-n", name, "addr", "add", "172.30.0.1/24", "dev", "lwptap0"],
+            &["-n", name, "link", "set", "lwptap0", "up"],
+            &["-n", name, "link", "set", "lo", "up"],
+        ];
+        let ns = Netns {
+            name: name.to_owned(),
+        };
+        for step in steps {
+            let out = Self::ip(step);
+            assert!(
+                out.status.success(),
+                "`ip {}` failed: {} (the network test needs /dev/net/tun and the rights to create network namespaces and taps: run it as root)",
+                step.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        ns
+    }
+
+    /// Connects to `addr` from inside the namespace (on a thread that
+    /// enters it), retrying while the guest boots.
+    pub fn connect(
+        &self,
+        addr: &'static str,
+        until: Instant,
+    ) -> std::io::Result<std::net::TcpStream> {
+        let ns = std::fs::File::open(format!("/run/netns/{}", self.name)).expect("the namespace");
+        std::thread::spawn(move || {
+            // Only this thread enters the namespace.
+            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+            loop {
+                match std::net::TcpStream::connect_timeout(
+                    &addr.parse().unwrap(),
+                    Duration::from_secs(2),
+                ) {
+                    Ok(s) => return Ok(s),
+                    Err(e) if Instant::now() > until => return Err(e),
+                    Err(_) => std::thread::sleep(Duration::from_millis(500)),
+                }
+            }
+        })
+        .join()
+        .expect("the connecting thread")
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Self::ip(&["netns", "delete", &self.name]);
+    }
+}

@@ -3,8 +3,8 @@
  * when the command line says `lwpnet=PORT`. A TCP server on PORT (the
  * address comes from `ip=` on the command line): it accepts one
  * connection, reads until the host shuts its side down, answers
- * "lwp-net: received N bytes" and exits. nolibc has no socket calls: they
- * are raw system calls here.
+ * "lwp-net: received N bytes", waits for the host to close, and exits.
+ * nolibc has no socket calls: they are raw system calls here.
  */
 #include <linux/in.h>
 #include <asm/socket.h>
@@ -54,6 +54,14 @@ int main(int argc, char **argv)
 	strncat(reply, utoa(received), 32);
 	strncat(reply, " bytes\n", 32);
 	sys(__NR_write, conn, (long)reply, strlen(reply));
+	/*
+	 * The VM powers off when this returns: wait until the host has read
+	 * the answer and closed (a read of 0), else the power-off can beat the
+	 * answer's segment out of the guest and the host waits for nothing.
+	 */
+	sys(__NR_shutdown, conn, 1 /* SHUT_WR */, 0);
+	while (sys(__NR_read, conn, (long)buf, sizeof(buf)) > 0)
+		;
 	sys(__NR_close, conn, 0, 0);
 	printf("%s", reply);
 	return 0;

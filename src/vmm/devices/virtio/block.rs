@@ -320,24 +320,6 @@ impl VirtioDevice for Block {
             read_only: self.read_only,
         }
     }
-
-    fn replace_with(&mut self, new: Box<dyn VirtioDevice>) -> bool {
-        match new.into_block() {
-            // The counters and the pause flag stay the device's.
-            Some(b) if b.read_only == self.read_only => {
-                self.backend = b.backend;
-                self.path = b.path;
-                self.bytes = b.bytes;
-                self.id = b.id;
-                true
-            }
-            _ => false,
-        }
-    }
-
-    fn into_block(self: Box<Self>) -> Option<Block> {
-        Some(*self)
-    }
 }
 
 #[cfg(test)]

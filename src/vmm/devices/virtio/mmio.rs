@@ -124,16 +124,6 @@ pub trait VirtioDevice: Send {
     fn host_fd(&self) -> Option<std::os::unix::io::RawFd>;
     /// What the device was built from, for snapshots.
     fn spec(&self) -> DeviceSpec;
-    /// Takes `new` in its place (a block device's new backing file,
-    /// Firecracker's `PATCH /drives`): false when the device is not one
-    /// that can.
-    fn replace_with(&mut self, _new: Box<dyn VirtioDevice>) -> bool {
-        false
-    }
-    /// The block device this is, if it is one (for [`Self::replace_with`]).
-    fn into_block(self: Box<Self>) -> Option<super::block::Block> {
-        None
-    }
 }
 
 /// A queue's state as a snapshot holds it (`virtio_queue::QueueState`,
@@ -246,6 +236,8 @@ pub struct MmioTransport {
     regs: TransportState,
     irq: EventFd,
     notify: Vec<EventFd>,
+    /// The device thread's pause flag, for a device put in place later.
+    halt: Halt,
 }
 
 impl MmioTransport {
@@ -263,6 +255,7 @@ impl MmioTransport {
             regs: TransportState::default(),
             irq,
             notify,
+            halt: Halt::default(),
         })
     }
 
@@ -312,6 +305,7 @@ impl MmioTransport {
             regs: state.clone(),
             irq,
             notify,
+            halt: Halt::default(),
         };
         if t.activated() && !t.queues_valid(mem) {
             return Err(VirtioError::Snapshot(
@@ -501,17 +495,26 @@ impl MmioTransport {
         }
     }
 
-    /// Gives the device a new backing (`VirtioDevice::replace_with`) and
-    /// tells the driver its configuration changed (a new capacity).
-    pub fn replace_device(&mut self, new: Box<dyn VirtioDevice>) -> bool {
-        let done = self.device.replace_with(new);
-        if done {
-            self.regs.config_generation = self.regs.config_generation.wrapping_add(1);
-            if self.activated() {
-                self.interrupt(VIRTIO_MMIO_INT_CONFIG);
-            }
+    /// Puts `new`, a block device on another image in the same mode, in
+    /// place of the block device (Firecracker's `PATCH /drives`), between
+    /// two requests (the caller holds the transport's lock), and tells the
+    /// driver its configuration changed (a new capacity). False, and
+    /// nothing changed, for any other pair of devices.
+    pub fn replace_device(&mut self, mut new: Box<dyn VirtioDevice>) -> bool {
+        let same = matches!(
+            (self.device.spec(), new.spec()),
+            (DeviceSpec::Block { read_only: a, .. }, DeviceSpec::Block { read_only: b, .. }) if a == b
+        );
+        if !same {
+            return false;
         }
-        done
+        new.set_halt(self.halt.clone());
+        self.device = new;
+        self.regs.config_generation = self.regs.config_generation.wrapping_add(1);
+        if self.activated() {
+            self.interrupt(VIRTIO_MMIO_INT_CONFIG);
+        }
+        true
     }
 
     fn interrupt(&mut self, why: u32) {
@@ -544,7 +547,8 @@ impl MmioTransport {
 
     /// Hands the device the device thread's halt flag.
     pub fn set_halt(&mut self, halt: Halt) {
-        self.device.set_halt(halt);
+        self.device.set_halt(halt.clone());
+        self.halt = halt;
     }
 
     /// The guest notified queue `index` (the device thread calls this).
