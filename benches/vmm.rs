@@ -1667,12 +1667,7 @@ fn tcp_time_of(
         .stderr(Stdio::null())
         .spawn()
         .ok()?;
-    let stdout = child.stdout.take()?;
-    let listening = BufReader::new(stdout)
-        .lines()
-        .map_while(Result::ok)
-        .take(5000)
-        .any(|l| l.contains("lwp-net: listening"));
+    let listening = wait_for_line(child.stdout.take()?, "lwp-net: listening");
     let file = std::fs::File::open(format!("/run/netns/{}", ns.0)).ok()?;
     let result = listening
         .then(|| {
@@ -1699,6 +1694,24 @@ fn tcp_time_of(
     let _ = child.kill();
     let _ = child.wait();
     result
+}
+
+/// Waits until the console prints a line holding `marker` (false when it
+/// ends first), and goes on reading it on a thread of its own: lwpvmm stops
+/// a VM whose standard output was closed, at the guest's next line.
+fn wait_for_line(stdout: std::process::ChildStdout, marker: &'static str) -> bool {
+    let (seen, found) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut seen = Some(seen);
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if line.contains(marker)
+                && let Some(tx) = seen.take()
+            {
+                let _ = tx.send(());
+            }
+        }
+    });
+    found.recv().is_ok()
 }
 
 /// One request on the API socket `sock`: its status.
@@ -1999,11 +2012,10 @@ fn firecracker() {
         .stderr(Stdio::null())
         .spawn()
         .expect("start lwpvmm");
-    let stdout = child.stdout.take().expect("piped stdout");
-    let listening = BufReader::new(stdout)
-        .lines()
-        .map_while(Result::ok)
-        .any(|l| l.contains("lwp-vsock: listening"));
+    let listening = wait_for_line(
+        child.stdout.take().expect("piped stdout"),
+        "lwp-vsock: listening",
+    );
     let mut echo_us = None;
     let mut stream_s = None;
     if listening {

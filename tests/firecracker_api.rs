@@ -171,7 +171,7 @@ fn launcher() -> Sender<Launch> {
     std::thread::spawn(move || {
         for launch in launches {
             match launch {
-                Launch::Boot(_, reply) | Launch::Load(_, reply) => {
+                Launch::Boot(_, reply) | Launch::Load(_, _, reply) => {
                     let _ = reply.send(Err(LaunchError::Setup(
                         lwpvmm::firecracker::setup::SetupError::NoKernel,
                     )));

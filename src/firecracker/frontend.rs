@@ -323,7 +323,9 @@ impl Frontend for FirecrackerApi {
                 Err(r) => Err(r),
             },
             ("PUT", "/snapshot/load") => match self.load_plan(r) {
-                Ok(plan) => match self.ask(|reply| Launch::Load(plan, reply)) {
+                Ok(plan) => match self
+                    .ask(|reply| Launch::Load(plan, Box::new(self.setup.clone()), reply))
+                {
                     Ok(started) => return Before::Started(Response::no_content(), started),
                     Err(r) => Err(r),
                 },

@@ -83,8 +83,9 @@ pub struct LoadPlan {
 pub enum Launch {
     /// Boot this configuration.
     Boot(Box<Setup>, Sender<Result<Started, LaunchError>>),
-    /// Load this snapshot.
-    Load(LoadPlan, Sender<Result<Started, LaunchError>>),
+    /// Load this snapshot, with this configuration's metrics and LWP
+    /// host settings.
+    Load(LoadPlan, Box<Setup>, Sender<Result<Started, LaunchError>>),
     /// Append the log lines to this file.
     Logger(PathBuf, Sender<Result<(), LaunchError>>),
 }

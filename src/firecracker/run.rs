@@ -172,14 +172,22 @@ pub fn main(args: &[String], out: &mut dyn Write) -> Result<u8, RunError> {
         return finish(outcome?);
     }
     let thread = listeners.start_frontend(Box::new(api), settings.seccomp)?;
-    let stop = Arc::new(AtomicBool::new(false));
-    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(signal, Arc::clone(&stop)).map_err(RunError::Signals)?;
+    // Before the start a signal ends the process at once, as Firecracker
+    // ends; the socket is removed first.
+    let signals = [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM]
+        .map(|signal| (signal, Arc::new(AtomicBool::new(false))));
+    for (signal, flag) in &signals {
+        signal_hook::flag::register(*signal, Arc::clone(flag)).map_err(RunError::Signals)?;
     }
     let vmm: Vmm = loop {
-        if stop.load(Ordering::Acquire) {
+        if let Some((signal, _)) = signals.iter().find(|(_, f)| f.load(Ordering::Acquire)) {
             thread.finish();
-            return Ok(130);
+            let _ = writeln!(
+                std::io::stderr(),
+                "lwpvmm: {} received before the microVM started",
+                crate::vmm::base::signals::name(*signal)
+            );
+            return Ok(128u8.saturating_add(u8::try_from(*signal).unwrap_or(0)));
         }
         let launch = match launches.recv_timeout(Duration::from_millis(100)) {
             Ok(l) => l,
@@ -199,7 +207,7 @@ pub fn main(args: &[String], out: &mut dyn Write) -> Result<u8, RunError> {
                     let _ = reply.send(Err(e));
                 }
             },
-            Launch::Load(plan, reply) => match launch::load(&plan, &setup, settings) {
+            Launch::Load(plan, setup, reply) => match launch::load(&plan, &setup, settings) {
                 Ok((vmm, started)) => {
                     let _ = reply.send(Ok(started));
                     break vmm;
