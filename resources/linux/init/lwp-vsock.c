@@ -1,7 +1,9 @@
 /*
- * /lwp-vsock PORT: the vsock test's and benchmark's guest side, which /init
- * starts in the background when the command line says `lwpvsock=PORT`, and
- * leaves running beside the self-test. First it connects to the host (CID
+ * /lwp-vsock PORT [quiet]: the vsock test's and benchmark's guest side,
+ * which /init starts in the background when the command line says
+ * `lwpvsock=PORT`, and leaves running beside the self-test (quiet: its
+ * lines would land inside the self-test's, whose printf writes a line in
+ * pieces), or runs alone for `lwpvsockonly=PORT`. First it connects to the host (CID
  * 2) on port PORT+1 and says hello: with Firecracker's hybrid vsock, a
  * guest connection to host port P reaches the host's Unix socket
  * `uds_path_P`. Then it listens on PORT and serves the host's connections
@@ -29,6 +31,7 @@ struct sockaddr_vm {
 };
 
 static unsigned char buf[65536];
+static int quiet;
 
 static long sys(long nr, long a, long b, long c)
 {
@@ -64,7 +67,10 @@ static void hello(unsigned int port)
 
 	address(&addr, VMADDR_CID_HOST, port);
 	r = fd < 0 ? fd : sys(__NR_connect, fd, (long)&addr, sizeof(addr));
-	if (r < 0 || !write_all(fd, (const unsigned char *)line, sizeof(line) - 1)) {
+	if (quiet) {
+		if (r >= 0)
+			write_all(fd, (const unsigned char *)line, sizeof(line) - 1);
+	} else if (r < 0 || !write_all(fd, (const unsigned char *)line, sizeof(line) - 1)) {
 		printf("lwp-vsock: no host listener on port %u (%ld)\n", port, r);
 	} else {
 		printf("lwp-vsock: said hello to the host on port %u\n", port);
@@ -104,6 +110,7 @@ int main(int argc, char **argv)
 
 	while (*p >= '0' && *p <= '9')
 		port = port * 10 + (unsigned int)(*p++ - '0');
+	quiet = argc > 2;
 	hello(port + 1);
 	fd = sys(__NR_socket, AF_VSOCK, SOCK_STREAM, 0);
 	address(&addr, VMADDR_CID_ANY, port);
@@ -112,7 +119,8 @@ int main(int argc, char **argv)
 		printf("lwp-vsock: cannot listen on port %u\n", port);
 		return 1;
 	}
-	printf("lwp-vsock: listening on port %u\n", port);
+	if (!quiet)
+		printf("lwp-vsock: listening on port %u\n", port);
 	for (;;) {
 		conn = sys(__NR_accept, fd, 0, 0);
 		if (conn < 0)

@@ -480,7 +480,7 @@ int main(int argc, char **argv, char **envp)
 	if (env_value(envp, "lwpvsockonly"))
 		device_program("/lwp-vsock", env_value(envp, "lwpvsockonly"), envp);
 	if (env_value(envp, "lwpvsock") && fork() == 0) {
-		char *args[] = { "/lwp-vsock", (char *)env_value(envp, "lwpvsock"), 0 };
+		char *args[] = { "/lwp-vsock", (char *)env_value(envp, "lwpvsock"), "quiet", 0 };
 
 		execve(args[0], args, envp);
 		printf("cannot run /lwp-vsock\n");
