@@ -13,7 +13,7 @@ use std::sync::mpsc::Sender;
 
 use thiserror::Error;
 
-use super::setup::{LwpSetup, Setup, SetupError, parse_mac};
+use super::setup::{Setup, SetupError, parse_mac};
 use crate::profile::objects::read_kernel_symbols;
 use crate::profile::sysroot::{Sysroot, SysrootError};
 use crate::vmm::api::ApiConfig;
@@ -127,13 +127,13 @@ fn read_image(what: &'static str, path: &Path) -> Result<Vec<u8>, LaunchError> {
     Ok(bytes)
 }
 
-/// The host side of a VM of this front end.
-fn host(
-    settings: HostSettings,
-    lwp: &LwpSetup,
-    metrics: Option<PathBuf>,
-    diff: bool,
-) -> HostConfig {
+/// The host side of a VM of this front end, configured as `setup` says.
+fn host(settings: HostSettings, setup: &Setup, diff: bool) -> HostConfig {
+    let lwp = &setup.lwp;
+    let metrics = setup
+        .metrics
+        .as_ref()
+        .map(|m| PathBuf::from(&m.metrics_path));
     HostConfig {
         serial: SerialOut::Stdout,
         snapshots: SnapshotPlan {
@@ -199,15 +199,7 @@ pub fn boot(setup: &Setup, settings: HostSettings) -> Result<(Vmm, Started), Lau
             cid: v.guest_cid,
             uds_path: v.uds_path.clone().into(),
         }),
-        host: host(
-            settings,
-            &setup.lwp,
-            setup
-                .metrics
-                .as_ref()
-                .map(|m| m.metrics_path.clone().into()),
-            setup.machine.track_dirty_pages,
-        ),
+        host: host(settings, setup, setup.machine.track_dirty_pages),
     };
     let sysroot = initrd
         .as_deref()
@@ -250,15 +242,7 @@ pub fn load(
         dir: plan.dir.clone(),
         profile: None,
         verify: false,
-        host: host(
-            settings,
-            &setup.lwp,
-            setup
-                .metrics
-                .as_ref()
-                .map(|m| m.metrics_path.clone().into()),
-            plan.track_dirty_pages,
-        ),
+        host: host(settings, setup, plan.track_dirty_pages),
     };
     let vmm = crate::vmm::build_from_snapshot(&config)?;
     let started = Started {

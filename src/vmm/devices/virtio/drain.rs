@@ -58,6 +58,30 @@ pub fn drain(
     }
 }
 
+/// The next receive buffer the driver posted, for a device that fills
+/// them from the host (the network device, vsock): `None` when there is
+/// none, with notifications back on so that the driver's next buffer is
+/// heard of, after one recheck for a buffer that arrived meanwhile; a ring
+/// that announces buffers none of which can be read is `Stalled`.
+pub fn next_buffer<'m>(
+    queue: &mut Queue,
+    mem: &'m GuestMemory,
+) -> Result<Option<DescriptorChain<&'m GuestMemory>>, DeviceError> {
+    let mut rechecked = false;
+    loop {
+        if let Some(chain) = queue.pop_descriptor_chain(mem) {
+            return Ok(Some(chain));
+        }
+        if !queue.enable_notification(mem)? {
+            return Ok(None);
+        }
+        if rechecked {
+            return Err(DeviceError::Stalled);
+        }
+        rechecked = true;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

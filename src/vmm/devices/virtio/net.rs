@@ -22,7 +22,7 @@ use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 
 use super::device::{DeviceError, DeviceSpec};
-use super::drain::drain;
+use super::drain::{drain, next_buffer};
 use super::mmio::{CHAINS_PER_CALL, Halt, Progress, VirtioDevice, read_space};
 use crate::guard::GuestMemory;
 use crate::vmm::base::metrics::VcpuMetrics;
@@ -128,24 +128,15 @@ impl Net {
     /// says whether a chain was used and whether buffers remain.
     fn receive(&mut self, queue: &mut Queue, mem: &GuestMemory) -> Result<Progress, DeviceError> {
         let mut used = false;
-        let mut rechecked = false;
         for _ in 0..CHAINS_PER_CALL {
-            let Some(chain) = queue.pop_descriptor_chain(mem) else {
-                // Out of buffers: hear of new ones, unless some arrived.
-                if queue.enable_notification(mem)? {
-                    if rechecked {
-                        return Err(DeviceError::Stalled);
-                    }
-                    rechecked = true;
-                    continue;
-                }
+            let Some(chain) = next_buffer(queue, mem)? else {
+                // Out of buffers: the guest's next one is heard of.
                 return Ok(Progress {
                     interrupt: used && queue.needs_notification(mem)?,
                     host_input: Some(false),
                     again: false,
                 });
             };
-            rechecked = false;
             let head = chain.head_index();
             let n = match self.tap.recv(&mut self.frame[NET_HDR..]) {
                 Ok(n) => n,

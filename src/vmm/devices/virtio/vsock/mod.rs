@@ -22,7 +22,7 @@ use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use self::muxer::{Muxer, MuxerError};
 use self::packet::{HDR_LEN, Header, MAX_PAYLOAD};
 use super::device::{DeviceError, DeviceSpec};
-use super::drain::drain;
+use super::drain::{drain, next_buffer};
 use super::mmio::{CHAINS_PER_CALL, Halt, Progress, VirtioDevice, read_space};
 use crate::guard::GuestMemory;
 use crate::vmm::base::metrics::VcpuMetrics;
@@ -128,7 +128,6 @@ impl Vsock {
         }
         self.muxer.poll_host();
         let mut used = false;
-        let mut rechecked = false;
         for _ in 0..CHAINS_PER_CALL {
             if !self.muxer.has_output() {
                 return Ok(Progress {
@@ -137,14 +136,7 @@ impl Vsock {
                     again: false,
                 });
             }
-            let Some(chain) = queue.pop_descriptor_chain(mem) else {
-                if queue.enable_notification(mem)? {
-                    if rechecked {
-                        return Err(DeviceError::Stalled);
-                    }
-                    rechecked = true;
-                    continue;
-                }
+            let Some(chain) = next_buffer(queue, mem)? else {
                 // No buffers: stop polling the host until the guest posts
                 // some (a guest that takes nothing costs nothing).
                 return Ok(Progress {
@@ -153,7 +145,6 @@ impl Vsock {
                     again: false,
                 });
             };
-            rechecked = false;
             let head = chain.head_index();
             let mut writer = match chain.writer(mem) {
                 Ok(w) => w,
