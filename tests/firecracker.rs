@@ -8,7 +8,8 @@
 //! loaded in a new process through `/snapshot/load`, where the self-test
 //! completes and the guest answers over vsock again (its connections were
 //! reset, its listener was not). A drive gets a new image after the start
-//! (`PATCH /drives`) and the guest sees its new size. The same guest boots from a
+//! (`PATCH /drives`) and the guest sees its new size. The same guest, on a
+//! tap and answering over vsock, boots from a
 //! `--config-file` with `--no-api`. Misuse before and after the start is
 //! answered, and the process goes on.
 
@@ -408,6 +409,7 @@ fn a_config_file_boots_the_guest_without_the_api() {
     let linux = linux();
     let config = dir.join("vm.json");
     let metrics = dir.join("metrics.json");
+    let uds = dir.join("v.sock");
     // The guest on a tap in a namespace of the test's own, its address
     // from `ip=`, as Firecracker's getting-started guide sets it.
     let ns = Netns::create(&format!("lwpvmm-fc-{}", std::process::id()));
@@ -415,16 +417,18 @@ fn a_config_file_boots_the_guest_without_the_api() {
         &config,
         format!(
             r#"{{
-  "boot-source": {{"kernel_image_path": "{}", "initrd_path": "{}", "boot_args": "{} ip=172.30.0.2::172.30.0.1:255.255.255.0::eth0:off"}},
+  "boot-source": {{"kernel_image_path": "{}", "initrd_path": "{}", "boot_args": "{} ip=172.30.0.2::172.30.0.1:255.255.255.0::eth0:off lwpvsock={VSOCK_PORT}"}},
   "drives": [{{"drive_id": "rootfs", "path_on_host": "{}", "is_root_device": true, "is_read_only": true}}],
   "machine-config": {{"vcpu_count": 2, "mem_size_mib": 64}},
   "network-interfaces": [{{"iface_id": "eth0", "guest_mac": "06:00:ac:10:00:02", "host_dev_name": "lwptap0"}}],
+  "vsock": {{"guest_cid": 3, "uds_path": "{}"}},
   "lwp": {{"profile": "emulated"}}
 }}"#,
             path(&linux.join("vmlinux")),
             path(&linux.join("initramfs.cpio")),
             lwpvmm::vmm::boot::LINUX_CMDLINE,
-            path(&linux.join("rootfs.ext4"))
+            path(&linux.join("rootfs.ext4")),
+            path(&uds),
         ),
     )
     .unwrap();
@@ -434,6 +438,12 @@ fn a_config_file_boots_the_guest_without_the_api() {
             .args(["firecracker", "--no-api", "--config-file", path(&config)])
             .args(["--metrics-path", path(&metrics)]),
         RUN_LIMIT,
+    );
+    // The guest answers over the config file's vsock too.
+    wait_for_path(&uds, Duration::from_secs(60));
+    assert_eq!(
+        vsock_echo(&uds, b"configured by file"),
+        b"configured by file"
     );
     let out = run.wait();
     let console = Console::of(&out);
