@@ -17,15 +17,14 @@ use crate::profile::report::ReportError;
 use crate::profile::trace::TraceError;
 use crate::vmm::api::ApiConfig;
 use crate::vmm::base::seccomp::SeccompMode;
-use crate::vmm::base::signals;
 use crate::vmm::boot::BootError;
 use crate::vmm::config::SyscallFixupMode;
-use crate::vmm::devices::port_bus::{GuestEnd, SerialOut};
+use crate::vmm::devices::port_bus::SerialOut;
 use crate::vmm::devices::virtio::{DiskConfig, NetConfig};
 use crate::vmm::output::{OutputError, OutputKind};
 use crate::vmm::snapshot::SnapshotError;
 use crate::vmm::{
-    self, HostConfig, Profiling, RestoreConfig, RunOutcome, SnapshotPlan, VmConfig, VmEnd, VmError,
+    self, HostConfig, Profiling, RestoreConfig, RunOutcome, SnapshotPlan, VmConfig, VmError,
 };
 
 /// lwpvmm: AMD Lightweight Profiling for KVM guests on hosts without LWP.
@@ -683,20 +682,10 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
 /// The exit status of a finished run: a signal's stop is said in one line;
 /// a requested snapshot or metrics write that failed fails the command.
 fn finish(outcome: RunOutcome) -> Result<u8, CliError> {
-    if let VmEnd::Signal(signal) = outcome.end {
+    if let Some(line) = crate::vmm::outcome::end_line(outcome.end) {
         // Not eprintln!, which panics when stderr is gone: after SIGHUP the
         // terminal usually is.
-        let _ = writeln!(
-            std::io::stderr(),
-            "lwpvmm: {} received: the VM was stopped; console, trace and metrics are written",
-            signals::name(signal)
-        );
-    }
-    if let VmEnd::Guest(GuestEnd::OutputClosed) = outcome.end {
-        let _ = writeln!(
-            std::io::stderr(),
-            "lwpvmm: standard output was closed: the VM was stopped; trace and metrics are written"
-        );
+        let _ = writeln!(std::io::stderr(), "lwpvmm: {line}");
     }
     if !outcome.errors.is_empty() {
         return Err(CliError::Incomplete(outcome.errors));

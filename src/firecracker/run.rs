@@ -226,8 +226,12 @@ pub fn main(args: &[String], out: &mut dyn Write) -> Result<u8, RunError> {
     finish(outcome?)
 }
 
-/// The exit status of a finished run, as `lwpvmm run` gives it.
+/// The exit status of a finished run, as `lwpvmm run` gives it, and its
+/// line when a signal stopped it.
 fn finish(outcome: RunOutcome) -> Result<u8, RunError> {
+    if let Some(line) = crate::vmm::outcome::end_line(outcome.end) {
+        let _ = writeln!(std::io::stderr(), "lwpvmm: {line}");
+    }
     for e in &outcome.errors {
         log::error!("{e}");
     }

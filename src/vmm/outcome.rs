@@ -51,6 +51,21 @@ pub fn exit_status(end: VmEnd) -> u8 {
     }
 }
 
+/// What a command says of how the VM ended, when it ended from outside
+/// the guest: a signal, or its standard output closed.
+pub fn end_line(end: VmEnd) -> Option<String> {
+    match end {
+        VmEnd::Signal(signal) => Some(format!(
+            "{} received: the VM was stopped; console, trace and metrics are written",
+            signals::name(signal)
+        )),
+        VmEnd::Guest(GuestEnd::OutputClosed) => Some(
+            "standard output was closed: the VM was stopped; trace and metrics are written".into(),
+        ),
+        _ => None,
+    }
+}
+
 /// How a VM ended.
 #[derive(Debug, Clone)]
 pub struct RunOutcome {
