@@ -55,6 +55,8 @@ pub struct Vsock {
     /// to the guest, or a connection made meanwhile would be reset too.
     reset_unacked: bool,
     packet: Vec<u8>,
+    /// The muxer's refusals and drops already added to `device_errors`.
+    counted: u64,
 }
 
 impl Vsock {
@@ -67,6 +69,7 @@ impl Vsock {
             reset_pending: false,
             reset_unacked: false,
             packet: vec![0; HDR_LEN + MAX_PAYLOAD],
+            counted: 0,
         })
     }
 
@@ -78,11 +81,14 @@ impl Vsock {
         Ok(v)
     }
 
-    fn count(&self) {
+    /// Adds the muxer's new refusals and drops to the device's errors.
+    fn count(&mut self) {
         let c = self.muxer.counts;
+        let total = c.refused + c.dropped;
         self.metrics
             .device_errors
-            .store(c.refused + c.dropped, Ordering::Relaxed);
+            .fetch_add(total.saturating_sub(self.counted), Ordering::Relaxed);
+        self.counted = total;
     }
 
     /// Takes the guest's packets.
