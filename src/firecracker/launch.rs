@@ -251,7 +251,9 @@ pub fn load(
         kernel: None,
     };
     if !plan.resume {
-        // Queued before the VM runs: the control thread pauses it first.
+        // Queued before the VM runs: the control thread, which starts
+        // after the vCPUs, pauses it as its first request (the guest may
+        // run for that moment, where Firecracker's would not run at all).
         let vm = started.vm.clone();
         std::thread::spawn(move || {
             let _ = vm.pause();
