@@ -82,6 +82,15 @@ pub fn next_buffer<'m>(
     }
 }
 
+/// A chain of one descriptor at `addr`, for the devices' tests on mock
+/// queues (`VRING_DESC_F_WRITE` in `flags` for a receive buffer).
+#[cfg(test)]
+pub fn one_descriptor(addr: u64, len: u32, flags: u32) -> Vec<virtio_queue::desc::RawDescriptor> {
+    vec![virtio_queue::desc::RawDescriptor::from(
+        virtio_queue::desc::split::Descriptor::new(addr, len, flags as u16, 0),
+    )]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

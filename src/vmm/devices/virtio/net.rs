@@ -257,10 +257,10 @@ impl VirtioDevice for Net {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::vmm::devices::virtio::drain::one_descriptor as one;
     use std::collections::VecDeque;
     use std::sync::Mutex;
     use virtio_bindings::virtio_ring::VRING_DESC_F_WRITE;
-    use virtio_queue::desc::{RawDescriptor, split::Descriptor};
     use virtio_queue::mock::MockSplitQueue;
     use vm_memory::{Bytes, GuestAddress};
 
@@ -324,15 +324,6 @@ mod tests {
             sent,
             net,
         }
-    }
-
-    fn one(addr: u64, len: u32, flags: u32) -> Vec<RawDescriptor> {
-        vec![RawDescriptor::from(Descriptor::new(
-            addr,
-            len,
-            flags as u16,
-            0,
-        ))]
     }
 
     #[test]

@@ -296,8 +296,8 @@ impl VirtioDevice for Vsock {
 mod tests {
     use super::packet::{HOST_CID, Op, TYPE_STREAM};
     use super::*;
+    use crate::vmm::devices::virtio::drain::one_descriptor as one;
     use virtio_bindings::virtio_ring::VRING_DESC_F_WRITE;
-    use virtio_queue::desc::{RawDescriptor, split::Descriptor};
     use virtio_queue::mock::MockSplitQueue;
     use vm_memory::{Bytes, GuestAddress};
 
@@ -352,15 +352,6 @@ mod tests {
             queues,
             vsock,
         }
-    }
-
-    fn one(addr: u64, len: u32, flags: u32) -> Vec<RawDescriptor> {
-        vec![RawDescriptor::from(Descriptor::new(
-            addr,
-            len,
-            flags as u16,
-            0,
-        ))]
     }
 
     /// A REQUEST from the guest to host port 52.
