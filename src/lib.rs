@@ -8,6 +8,8 @@
 //! - [`vmm`]: the KVM shell: VM, vCPU loop, CPUID, MSRs, boot, devices;
 //! - [`profile`]: host-side traces of LWP records and reports from them;
 //! - [`guests`]: lwpvmm's own guests, embedded;
+//! - [`hostfs`]: every file opened by a name a user, a client or a guest
+//!   gave (regular files only, bounded, no link out, outputs made fresh);
 //! - [`cli`]: the user-facing commands;
 //! - [`firecracker`]: Firecracker's command line and API, over the same VMM;
 //! - [`log_sink`]: where the log lines go.
@@ -16,6 +18,7 @@ pub mod cli;
 pub mod firecracker;
 pub mod guard;
 pub mod guests;
+pub mod hostfs;
 pub mod log_sink;
 pub mod lwp;
 pub mod profile;

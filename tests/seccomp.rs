@@ -2,9 +2,11 @@
 //! system call outside its allowlist (or an ioctl request the thread does
 //! not make) stops the whole process with status 2 and a message naming the
 //! thread and the call; allowed calls go through; in `log` mode the call
-//! goes through too. Each case runs in a child process (this same binary,
-//! told by an environment variable which probe to run), because a filter
-//! cannot be removed once installed.
+//! goes through too; glibc's own read-only open fails with EACCES on the
+//! threads that open no file. Each case runs in a child process (this same
+//! binary, told by an environment variable which probe to run), because a
+//! filter cannot be removed once installed. (tests/seccomp_devices.rs runs
+//! the device threads' guest paths under their filters.)
 //!
 //! A custom harness: it prints `seccomp: N passed, M failed` and exits
 //! non-zero when a case fails.
@@ -67,6 +69,12 @@ fn probe(which: &str) -> ! {
         println!("survived KVM_CREATE_VM");
         std::process::exit(3);
     }
+    if which.contains("create-file") {
+        // An open for writing: no thread but the control thread may.
+        let _ = std::fs::File::create(std::env::temp_dir().join("lwpvmm-seccomp-probe"));
+        println!("survived creating a file");
+        std::process::exit(3);
+    }
     if which.contains("overcommit") {
         // What glibc's malloc reads the first time a thread's heap shrinks.
         let read = std::fs::read("/proc/sys/vm/overcommit_memory").map(|b| !b.is_empty());
@@ -95,7 +103,11 @@ fn main() {
     );
     let me = std::env::current_exe().expect("current exe");
     // (probe, exit code, text on stdout or stderr)
-    let cases: [(&str, i32, &str); 18] = [
+    // glibc's own read-only open (its malloc's read of overcommit_memory)
+    // fails with EACCES on the threads that open no file, where it once
+    // trapped.
+    let refused = "overcommit read Err(Os { code: 13,";
+    let cases: [(&str, i32, &str); 22] = [
         ("vcpu-allowed", 0, "alive"),
         ("vcpu-denied", 2, "seccomp: thread probe (tid "),
         (
@@ -138,6 +150,15 @@ fn main() {
             "vsock-create-vm",
             2,
             "made syscall 16 (ioctl, request 0xae01)",
+        ),
+        ("vcpu-overcommit", 0, refused),
+        ("device-overcommit", 0, refused),
+        ("vsock-overcommit", 0, refused),
+        // Any other open still traps.
+        (
+            "vsock-create-file",
+            2,
+            &format!("made syscall {}", libc::SYS_openat),
         ),
     ];
     let (mut passed, mut failed) = (0, 0);

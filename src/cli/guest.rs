@@ -12,7 +12,8 @@ use crate::vmm::devices::port_bus::{GuestEnd, SerialOut};
 use crate::vmm::{self, HostConfig, Profiling, VmConfig, VmEnd};
 
 use super::report::trace_report;
-use super::{CliError, ProfileArgs, exit_status, finish, read};
+use super::{CliError, MAX_NAMED_FILE, ProfileArgs, exit_status, finish, read};
+use crate::hostfs::TempDir;
 
 /// Traces of lwpvmm's own guests are small; the limit only guards the disk.
 const GUEST_TRACE_MAX: u64 = 256 << 20;
@@ -71,9 +72,17 @@ fn explain_exit(value: u8) -> String {
 
 /// `lwpvmm profile`.
 pub fn profile(out: &mut dyn Write, args: &ProfileArgs) -> Result<u8, CliError> {
-    let program = read("program", &args.program)?;
-    let trace_file =
-        std::env::temp_dir().join(format!("lwpvmm-profile-{}.trace", std::process::id()));
+    let program = read(
+        "program",
+        &args.program,
+        MAX_NAMED_FILE,
+        "the most read of a program",
+    )?;
+    let scratch = TempDir::new("lwpvmm-profile").map_err(|source| CliError::Read {
+        what: "a temporary directory",
+        source,
+    })?;
+    let trace_file = scratch.path().join("profile.trace");
     let mut config = guest_config(
         crate::guests::get("profile_host")
             .unwrap_or_default()
@@ -99,7 +108,7 @@ pub fn profile(out: &mut dyn Write, args: &ProfileArgs) -> Result<u8, CliError> 
     let report = result
         .is_ok()
         .then(|| trace_report(out, &trace_file, &program, args.top));
-    let _ = std::fs::remove_file(&trace_file);
+    drop(scratch);
     let outcome = result?;
     report.transpose()?;
     match outcome.end {
@@ -115,7 +124,11 @@ pub fn profile(out: &mut dyn Write, args: &ProfileArgs) -> Result<u8, CliError> 
 /// `lwpvmm demo`.
 pub fn demo(out: &mut dyn Write, profile: LwpProfile) -> Result<u8, CliError> {
     let console = Arc::new(Mutex::new(Vec::new()));
-    let trace_file = std::env::temp_dir().join(format!("lwpvmm-demo-{}.trace", std::process::id()));
+    let scratch = TempDir::new("lwpvmm-demo").map_err(|source| CliError::Read {
+        what: "a temporary directory",
+        source,
+    })?;
+    let trace_file = scratch.path().join("demo.trace");
     let config = guest_config(
         crate::guests::get("demo").unwrap_or_default().to_vec(),
         profile,
@@ -155,7 +168,6 @@ pub fn demo(out: &mut dyn Write, profile: LwpProfile) -> Result<u8, CliError> {
     )?;
     writeln!(out, "host-side report from the trace (lwpvmm report):")?;
     trace_report(out, &trace_file, &config.kernel, 5)?;
-    let _ = std::fs::remove_file(&trace_file);
     if let VmEnd::Signal(_) = outcome.end {
         return finish(outcome);
     }

@@ -12,6 +12,8 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand, ValueEnum};
 use thiserror::Error;
 
+use crate::hostfs::HostFsError;
+
 use crate::lwp::cpuid::{GuestLwpSupport, LwpProfile};
 use crate::profile::report::ReportError;
 use crate::profile::trace::TraceError;
@@ -493,24 +495,20 @@ pub enum CliError {
     #[error("cannot encode JSON: {0}")]
     Json(#[from] serde_json::Error),
     /// A file named on the command line cannot be read.
-    #[error("cannot read {what} {path}: {source}")]
+    #[error("cannot read {what} {source}")]
     Read {
         /// Which file.
         what: &'static str,
-        /// Its path.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
+        /// Why (the path is in it).
+        source: HostFsError,
     },
     /// An output named on the command line cannot be written.
-    #[error("{flag} {path}: cannot write there: {source}")]
-    OutputPath {
+    #[error("{flag} {source}")]
+    OutputFile {
         /// The option.
         flag: &'static str,
-        /// Its path.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
+        /// Why (the path is in it).
+        source: HostFsError,
     },
     /// The VM failed.
     #[error(transparent)]
@@ -567,15 +565,14 @@ pub enum CliError {
 impl From<VmError> for CliError {
     fn from(e: VmError) -> Self {
         let flag = match e {
-            VmError::Output(OutputError { kind, path, source }) => {
-                return CliError::OutputPath {
+            VmError::Output(OutputError { kind, source }) => {
+                return CliError::OutputFile {
                     flag: match kind {
                         OutputKind::Serial => "--serial",
                         OutputKind::Metrics => "--metrics",
                         OutputKind::Trace => "--trace",
                         OutputKind::SnapshotDir => "--snapshot-dir",
                     },
-                    path,
                     source,
                 };
             }
@@ -594,12 +591,28 @@ impl From<VmError> for CliError {
 
 pub use crate::vmm::outcome::{REBOOT_STATUS, exit_status};
 
-fn read(what: &'static str, path: &PathBuf) -> Result<Vec<u8>, CliError> {
-    std::fs::read(path).map_err(|source| CliError::Read {
-        what,
-        path: path.clone(),
-        source,
-    })
+/// The most bytes of a file `lwpvmm profile` or `report` reads whole (a
+/// program, a symbol file).
+const MAX_NAMED_FILE: u64 = 1 << 30;
+
+/// Reads a file named on the command line (`crate::hostfs`): a regular
+/// file of at most `max` bytes, `limit` saying why.
+fn read(
+    what: &'static str,
+    path: &std::path::Path,
+    max: u64,
+    limit: &'static str,
+) -> Result<Vec<u8>, CliError> {
+    crate::hostfs::read_input(path, max, limit).map_err(|source| CliError::Read { what, source })
+}
+
+/// Reads the kernel or initramfs of a guest of `memory_mib` MiB.
+fn read_image(
+    what: &'static str,
+    path: &std::path::Path,
+    memory_mib: u64,
+) -> Result<Vec<u8>, CliError> {
+    crate::vmm::boot::read_image(path, memory_mib).map_err(|source| CliError::Read { what, source })
 }
 
 /// The host settings of `host`; with the API on, profiles are named from
@@ -634,7 +647,7 @@ fn api_host(
 pub fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
     match cli.command {
         Command::Run(args) => {
-            let kernel = read("kernel", &args.kernel)?;
+            let kernel = read_image("kernel", &args.kernel, args.memory)?;
             let cmdline = args.cmdline.clone().unwrap_or_else(|| {
                 let root = args.disks.first().map(|d| d.read_only);
                 crate::vmm::boot::default_cmdline(&kernel, root)
@@ -644,7 +657,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
                 initramfs: args
                     .initramfs
                     .as_ref()
-                    .map(|p| read("initramfs", p))
+                    .map(|p| read_image("initramfs", p, args.memory))
                     .transpose()?,
                 cmdline,
                 memory_mib: args.memory,

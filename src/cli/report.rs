@@ -3,10 +3,11 @@
 //! before the trace is read, and left untouched when there is nothing to
 //! write.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{IsTerminal, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
+use crate::hostfs::Rewrite;
 use crate::lwp::record::EventId;
 use crate::profile::objects::{Resolver, Symbols, read_kernel_symbols};
 use crate::profile::pprof;
@@ -14,55 +15,31 @@ use crate::profile::report::{self, ReportError, Tally};
 use crate::profile::sysroot::Sysroot;
 use crate::profile::trace::{self, Entry, GUEST_CPU, TraceSummary};
 
-use super::{CliError, ReportArgs, read};
+use super::{CliError, MAX_NAMED_FILE, ReportArgs, read};
 
-/// An output file opened before the work that fills it: created if missing
-/// (and removed again if nothing is written), an existing one untouched
-/// until the content is ready.
+/// An output file of the report: checked when the command starts (its
+/// directory takes a new file), written under a fresh name and renamed
+/// over the path once its content is ready (`crate::hostfs::Rewrite`), so
+/// an existing file stays untouched until then and a link planted at the
+/// path is replaced, not written through.
 struct PendingFile {
     flag: &'static str,
-    path: PathBuf,
-    file: File,
-    created: bool,
+    file: Rewrite,
 }
 
 impl PendingFile {
     fn open(flag: &'static str, path: &Path) -> Result<Self, CliError> {
-        let created = !path.exists();
-        let file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .map_err(|source| CliError::OutputPath {
-                flag,
-                path: path.to_owned(),
-                source,
-            })?;
-        Ok(PendingFile {
-            flag,
-            path: path.to_owned(),
-            file,
-            created,
-        })
+        let file = Rewrite::new(path).map_err(|source| CliError::OutputFile { flag, source })?;
+        Ok(PendingFile { flag, file })
     }
 
-    /// Replaces the content with what `fill` writes.
-    fn commit(
-        mut self,
-        fill: impl FnOnce(&mut File) -> Result<(), CliError>,
-    ) -> Result<(), CliError> {
-        let (flag, path) = (self.flag, self.path.clone());
-        let fail = |source| CliError::OutputPath { flag, path, source };
-        self.file.set_len(0).map_err(fail)?;
-        fill(&mut self.file)
-    }
-
-    /// Leaves no trace of a file this command created.
-    fn abandon(self) {
-        if self.created {
-            let _ = std::fs::remove_file(&self.path);
-        }
+    /// Writes what `fill` writes as the file's new content.
+    fn commit(self, fill: impl FnOnce(&mut File) -> Result<(), CliError>) -> Result<(), CliError> {
+        let flag = self.flag;
+        let fail = |source| CliError::OutputFile { flag, source };
+        let mut new = self.file.begin().map_err(fail)?;
+        fill(new.file_mut())?;
+        new.commit().map_err(fail)
     }
 }
 
@@ -92,7 +69,14 @@ pub fn report(out: &mut dyn Write, args: &ReportArgs) -> Result<u8, CliError> {
     let elf = args
         .symbols
         .as_ref()
-        .map(|path| read("symbol file", path))
+        .map(|path| {
+            read(
+                "symbol file",
+                path,
+                MAX_NAMED_FILE,
+                "the most read of a symbol file",
+            )
+        })
         .transpose()?;
     if let Some(elf) = &elf {
         Symbols::from_elf(elf).map_err(ReportError::Symbols)?;
@@ -174,7 +158,7 @@ pub fn report(out: &mut dyn Write, args: &ReportArgs) -> Result<u8, CliError> {
     let folded = report::folded(&tally, &resolver, event);
     if rows.is_empty() && (folded_file.is_some() || svg_file.is_some() || pprof_file.is_some()) {
         for f in [folded_file, svg_file, pprof_file].into_iter().flatten() {
-            f.abandon();
+            drop(f);
         }
         return Err(CliError::NothingToDraw(report::event_name(event)));
     }

@@ -6,7 +6,7 @@
 //! answer is typed ([`LaunchError`]), never a string.
 
 use std::fs::File;
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::mpsc::Sender;
@@ -14,6 +14,7 @@ use std::sync::mpsc::Sender;
 use thiserror::Error;
 
 use super::setup::{Setup, SetupError, parse_mac};
+use crate::hostfs::{self, Fifo, HostFsError, StreamMode};
 use crate::profile::objects::read_kernel_symbols;
 use crate::profile::sysroot::{Sysroot, SysrootError};
 use crate::vmm::api::ApiConfig;
@@ -25,29 +26,16 @@ use crate::vmm::devices::virtio::vsock::VsockConfig;
 use crate::vmm::devices::virtio::{DiskConfig, NetConfig};
 use crate::vmm::{HostConfig, Profiling, RestoreConfig, SnapshotPlan, VmConfig, VmError, Vmm};
 
-/// The most bytes of a kernel or initramfs lwpvmm reads (1 GiB).
-pub const MAX_IMAGE_BYTES: u64 = 1 << 30;
-
 /// Why the main thread could not do what the API asked.
 #[derive(Debug, Error)]
 pub enum LaunchError {
     /// A file named in the configuration cannot be read.
-    #[error("cannot read {what} {path}: {source}")]
+    #[error("cannot read {what} {source}")]
     Read {
         /// Which file.
         what: &'static str,
-        /// Its path.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// A file past [`MAX_IMAGE_BYTES`].
-    #[error("{what} {path} is larger than {MAX_IMAGE_BYTES} bytes")]
-    TooLarge {
-        /// Which file.
-        what: &'static str,
-        /// Its path.
-        path: PathBuf,
+        /// Why (the path is in it).
+        source: HostFsError,
     },
     /// The configuration is incomplete.
     #[error(transparent)]
@@ -59,13 +47,8 @@ pub enum LaunchError {
     #[error(transparent)]
     Vm(#[from] VmError),
     /// The log file cannot be used.
-    #[error("log_path {path}: {why}")]
-    Log {
-        /// The path.
-        path: PathBuf,
-        /// Why.
-        why: String,
-    },
+    #[error("log_path {0}")]
+    Log(HostFsError),
 }
 
 /// A snapshot to load.
@@ -97,34 +80,13 @@ pub struct HostSettings {
     pub seccomp: SeccompMode,
 }
 
-/// Reads a whole image, bounded.
-fn read_image(what: &'static str, path: &Path) -> Result<Vec<u8>, LaunchError> {
-    use std::io::Read;
-    let err = |source| LaunchError::Read {
-        what,
-        path: path.to_owned(),
-        source,
-    };
-    let file = File::options()
-        .read(true)
-        .custom_flags(libc::O_CLOEXEC)
-        .open(path)
-        .map_err(err)?;
-    let meta = file.metadata().map_err(err)?;
-    if !meta.is_file() {
-        return Err(err(std::io::Error::other("not a regular file")));
-    }
-    let mut bytes = Vec::new();
-    file.take(MAX_IMAGE_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(err)?;
-    if bytes.len() as u64 > MAX_IMAGE_BYTES {
-        return Err(LaunchError::TooLarge {
-            what,
-            path: path.to_owned(),
-        });
-    }
-    Ok(bytes)
+/// Reads the kernel or initrd a client named for a guest of `memory_mib`
+/// MiB (`crate::vmm::boot::read_image`: a regular file, checked when it is
+/// opened here at `InstanceStart`, never a FIFO or a device it could wait
+/// on, and no larger than the guest's RAM).
+fn read_image(what: &'static str, path: &Path, memory_mib: u64) -> Result<Vec<u8>, LaunchError> {
+    crate::vmm::boot::read_image(path, memory_mib)
+        .map_err(|source| LaunchError::Read { what, source })
 }
 
 /// The host side of a VM of this front end, configured as `setup` says.
@@ -160,11 +122,12 @@ fn host(settings: HostSettings, setup: &Setup, diff: bool) -> HostConfig {
 pub fn boot(setup: &Setup, settings: HostSettings) -> Result<(Vmm, Started), LaunchError> {
     let boot = setup.boot.as_ref().ok_or(SetupError::NoKernel)?;
     let kernel_path = PathBuf::from(&boot.kernel_image_path);
-    let kernel = read_image("kernel_image_path", &kernel_path)?;
+    let memory_mib = setup.machine.mem_size_mib;
+    let kernel = read_image("kernel_image_path", &kernel_path, memory_mib)?;
     let initrd = boot.initrd_path.as_ref().map(PathBuf::from);
     let initramfs = initrd
         .as_deref()
-        .map(|p| read_image("initrd_path", p))
+        .map(|p| read_image("initrd_path", p, memory_mib))
         .transpose()?;
     let cmdline = setup.cmdline(|| crate::vmm::boot::default_cmdline(&kernel, None))?;
     let nets = setup
@@ -271,26 +234,7 @@ fn remove_socket(path: &Path) {
 
 /// Opens the log file `PUT /logger` or `--log-path` names: a regular file
 /// (appended to, never followed through a symbolic link) or a FIFO a
-/// reader holds open.
+/// reader holds open (`crate::hostfs::open_stream`).
 pub fn open_log(path: &Path) -> Result<File, LaunchError> {
-    let err = |why: String| LaunchError::Log {
-        path: path.to_owned(),
-        why,
-    };
-    let file = File::options()
-        .append(true)
-        .create(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::ENXIO) => err("a FIFO with no reader: open it for reading first".into()),
-            Some(libc::ELOOP) => err("a symbolic link: give the file itself".into()),
-            _ => err(e.to_string()),
-        })?;
-    let kind = file.metadata().map_err(|e| err(e.to_string()))?.file_type();
-    if !(kind.is_file() || kind.is_fifo()) {
-        return Err(err("not a regular file or a FIFO".into()));
-    }
-    Ok(file)
+    hostfs::open_stream(path, StreamMode::Append, Fifo::Allowed).map_err(LaunchError::Log)
 }

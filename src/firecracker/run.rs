@@ -69,27 +69,12 @@ pub enum RunError {
 /// Reads a config file: bounded, a regular file, not followed through a
 /// symbolic link.
 fn read_config(path: &Path) -> Result<FullConfig, RunError> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
     let err = |why: String| RunError::ConfigFile {
         path: path.to_owned(),
         why,
     };
-    let file = std::fs::File::options()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
-        .open(path)
+    let bytes = crate::hostfs::read_input(path, MAX_CONFIG_BYTES, "a config file's limit")
         .map_err(|e| err(e.to_string()))?;
-    if !file.metadata().map_err(|e| err(e.to_string()))?.is_file() {
-        return Err(err("not a regular file".into()));
-    }
-    let mut bytes = Vec::new();
-    file.take(MAX_CONFIG_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| err(e.to_string()))?;
-    if bytes.len() as u64 > MAX_CONFIG_BYTES {
-        return Err(err(format!("larger than {MAX_CONFIG_BYTES} bytes")));
-    }
     serde_json::from_slice(&bytes).map_err(|e| err(e.to_string()))
 }
 

@@ -160,18 +160,19 @@ fn refuse<T>(value: &Option<T>, field: &'static str, why: &'static str) -> Resul
 const NO_RATE_LIMITERS: &str =
     "lwpvmm has no rate limiters; leave the field out (cgroups can bound the process's I/O)";
 
-/// Checks that `path` names a regular file.
+/// Checks that `path` names a regular file (`crate::hostfs::check_input`;
+/// it is checked again when `InstanceStart` opens it).
 fn regular_file(field: &'static str, path: &str) -> Result<(), SetupError> {
-    let err = |why: String| SetupError::File {
-        field,
-        path: path.to_owned(),
-        why,
-    };
-    match std::fs::metadata(Path::new(path)) {
-        Ok(m) if m.is_file() => Ok(()),
-        Ok(_) => Err(err("not a regular file".into())),
-        Err(e) => Err(err(e.to_string())),
-    }
+    crate::hostfs::check_input(Path::new(path))
+        .map(drop)
+        .map_err(|e| SetupError::File {
+            field,
+            path: path.to_owned(),
+            why: match e {
+                crate::hostfs::HostFsError::Io { source, .. } => source.to_string(),
+                e => e.to_string(),
+            },
+        })
 }
 
 /// A MAC as `aa:bb:cc:dd:ee:ff`.

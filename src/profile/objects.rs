@@ -10,8 +10,9 @@ use std::sync::Arc;
 
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
 
-use super::sysroot::{FileId, NamedFileError, Refusal, Sysroot, normal, read_named};
+use super::sysroot::{FileId, Refusal, Sysroot, normal};
 use super::trace::MappingLine;
+use crate::hostfs::HostFsError;
 
 /// Function symbols of a guest ELF, sorted by address, and which of them
 /// set up a frame pointer.
@@ -262,17 +263,18 @@ pub const KERNEL_SYMBOLS_MAX: u64 = 1 << 30;
 pub enum KernelSymbolsError {
     /// It cannot be read, or is no regular file, or is too large.
     #[error(transparent)]
-    File(#[from] NamedFileError),
+    File(#[from] HostFsError),
     /// Not symbols.
     #[error("neither an ELF with a symbol table (a vmlinux) nor a copy of /proc/kallsyms")]
     NoSymbols,
 }
 
-/// Reads a kernel symbol file a user named ([`read_named`], at most
+/// Reads a kernel symbol file a user named (a regular file of at most
 /// [`KERNEL_SYMBOLS_MAX`] bytes) and checks that it names kernel functions,
 /// for [`Resolver::set_kernel`].
 pub fn read_kernel_symbols(path: &std::path::Path) -> Result<Vec<u8>, KernelSymbolsError> {
-    let bytes = read_named(path, KERNEL_SYMBOLS_MAX)?;
+    let bytes =
+        crate::hostfs::read_input(path, KERNEL_SYMBOLS_MAX, "the most read of kernel symbols")?;
     if !Resolver::default().set_kernel(&path.display().to_string(), &bytes) {
         return Err(KernelSymbolsError::NoSymbols);
     }

@@ -15,35 +15,18 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::io::{Cursor, Read};
 use std::ops::Range;
-use std::os::fd::OwnedFd;
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use flate2::read::GzDecoder;
-use rustix::fs::{AtFlags, CWD, FileType, Mode, OFlags};
 use thiserror::Error;
+
+use crate::hostfs::{Dir, HostFsError};
 
 /// The largest initramfs `--sysroot` takes, decompressed.
 pub const ARCHIVE_MAX: u64 = 2 << 30;
 /// The largest guest file read for its symbols: a larger one is refused.
 pub const FILE_MAX: u64 = 256 << 20;
-/// How a directory on the way to a guest file is opened: never through a
-/// symbolic link, and only to open below it.
-pub const DIR_OPEN_FLAGS: OFlags = OFlags::PATH
-    .union(OFlags::DIRECTORY)
-    .union(OFlags::NOFOLLOW)
-    .union(OFlags::CLOEXEC)
-    .union(OFlags::LARGEFILE);
-/// How a guest file is opened: read-only, never through a symbolic link,
-/// never waiting (a FIFO opens at once and is then refused), never as a
-/// controlling terminal. (rustix always adds `O_LARGEFILE`; the API's
-/// seccomp filter compares these exact flags.)
-pub const FILE_OPEN_FLAGS: OFlags = OFlags::RDONLY
-    .union(OFlags::NOFOLLOW)
-    .union(OFlags::NONBLOCK)
-    .union(OFlags::NOCTTY)
-    .union(OFlags::CLOEXEC)
-    .union(OFlags::LARGEFILE);
 const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 const NEWC_MAGICS: [&[u8; 6]; 2] = [b"070701", b"070702"];
 /// The file-type bits of a cpio mode, and a regular file's.
@@ -53,11 +36,8 @@ const MODE_REGULAR: u32 = 0o100_000;
 /// Why a sysroot could not be opened.
 #[derive(Debug, Error)]
 pub enum SysrootError {
-    #[error("{path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Read(#[from] HostFsError),
     #[error("{0}: neither a directory nor an initramfs (a newc cpio archive, plain or gzipped)")]
     NotAnArchive(PathBuf),
     #[error("{path}: a malformed cpio archive: {source}")]
@@ -159,7 +139,7 @@ pub struct Sysroot {
 enum Files {
     /// A directory, opened once: guest paths are opened below it (the
     /// guest's `/a/b` is `DIR/a/b`).
-    Dir(OwnedFd),
+    Dir(Dir),
     /// An initramfs in memory, with where each regular file's bytes lie.
     Archive {
         bytes: Vec<u8>,
@@ -167,62 +147,18 @@ enum Files {
     },
 }
 
-/// Why a file a user named was not read.
-#[derive(Debug, Error)]
-pub enum NamedFileError {
-    /// It could not be opened or read.
-    #[error("{0}")]
-    Io(#[from] std::io::Error),
-    /// A FIFO, a device, a socket or a directory.
-    #[error("not a regular file")]
-    NotRegular,
-    /// Longer than the reader takes.
-    #[error("larger than {0} bytes")]
-    TooLarge(u64),
-}
-
-/// Reads a file a user named (an initramfs, a kernel's symbols): opened
-/// without blocking, so a FIFO or a device is refused at once rather than
-/// waited on, accepted only when regular, and read to at most `max` bytes.
-pub fn read_named(path: &Path, max: u64) -> Result<Vec<u8>, NamedFileError> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = File::options()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(path)?;
-    if !file.metadata()?.is_file() {
-        return Err(NamedFileError::NotRegular);
-    }
-    let mut bytes = Vec::new();
-    file.take(max.saturating_add(1)).read_to_end(&mut bytes)?;
-    if bytes.len() as u64 > max {
-        return Err(NamedFileError::TooLarge(max));
-    }
-    Ok(bytes)
-}
-
 impl Sysroot {
     /// Opens `path`: a directory, else an initramfs.
     pub fn open(path: &Path) -> Result<Self, SysrootError> {
-        let read = |source| SysrootError::Read {
-            path: path.to_path_buf(),
-            source,
-        };
-        if path.is_dir() {
-            let root = rustix::fs::openat(
-                CWD,
-                path,
-                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-                Mode::empty(),
-            )
-            .map_err(|e| read(e.into()))?;
-            return Ok(Sysroot::of(Files::Dir(root)));
+        if crate::hostfs::is_dir(path) {
+            return Ok(Sysroot::of(Files::Dir(Dir::open(path)?)));
         }
-        let raw = read_named(path, ARCHIVE_MAX).map_err(|e| match e {
-            NamedFileError::Io(source) => read(source),
-            NamedFileError::NotRegular => SysrootError::NotAnArchive(path.to_path_buf()),
-            NamedFileError::TooLarge(_) => SysrootError::TooLarge(path.to_path_buf()),
-        })?;
+        let raw = crate::hostfs::read_input(path, ARCHIVE_MAX, "a sysroot archive's limit")
+            .map_err(|e| match e {
+                HostFsError::NotRegular { .. } => SysrootError::NotAnArchive(path.to_path_buf()),
+                HostFsError::TooLarge { .. } => SysrootError::TooLarge(path.to_path_buf()),
+                e => SysrootError::Read(e),
+            })?;
         let bytes = if raw.starts_with(&GZIP_MAGIC) {
             let mut out = Vec::new();
             GzDecoder::new(raw.as_slice())
@@ -309,55 +245,39 @@ impl Sysroot {
     }
 }
 
-/// The errno of a failed look-up as a refusal.
-fn refusal(e: rustix::io::Errno) -> Refusal {
+/// A refusal, from why the file was not opened.
+fn refusal(e: HostFsError) -> Refusal {
     match e {
-        rustix::io::Errno::NOENT | rustix::io::Errno::NOTDIR => Refusal::Missing,
-        rustix::io::Errno::LOOP => Refusal::Symlink,
-        e => Refusal::Io(std::io::Error::from(e).kind()),
+        HostFsError::Symlink { .. } => Refusal::Symlink,
+        HostFsError::NotRegular { .. } => Refusal::NotRegular,
+        HostFsError::Changed { .. } => Refusal::Changed,
+        HostFsError::TooLarge { size, .. } => Refusal::TooLarge(size),
+        HostFsError::Io { source, .. }
+            if matches!(
+                source.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+            ) =>
+        {
+            Refusal::Missing
+        }
+        HostFsError::Io { source, .. } => Refusal::Io(source.kind()),
+        HostFsError::NoReader { .. } => Refusal::NotRegular,
     }
 }
 
-/// Opens `parts` below `root`, one component at a time, following no
-/// symbolic link and opening nothing but directories on the way and a
-/// regular file at the end.
-fn open_below<'a>(root: &OwnedFd, parts: &[&str]) -> Result<GuestFile<'a>, Refusal> {
-    let (leaf, dirs) = parts.split_last().ok_or(Refusal::BadPath)?;
-    let mut dir: Option<OwnedFd> = None;
-    for part in dirs {
-        let at = dir.as_ref().unwrap_or(root);
-        let st = rustix::fs::statat(at, *part, AtFlags::SYMLINK_NOFOLLOW).map_err(refusal)?;
-        match FileType::from_raw_mode(st.st_mode) {
-            FileType::Directory => {}
-            FileType::Symlink => return Err(Refusal::Symlink),
-            _ => return Err(Refusal::Missing),
-        }
-        dir = Some(rustix::fs::openat(at, *part, DIR_OPEN_FLAGS, Mode::empty()).map_err(refusal)?);
-    }
-    let at = dir.as_ref().unwrap_or(root);
-    // Checked before opening, so that no device or FIFO is ever opened.
-    let st = rustix::fs::statat(at, *leaf, AtFlags::SYMLINK_NOFOLLOW).map_err(refusal)?;
-    match FileType::from_raw_mode(st.st_mode) {
-        FileType::RegularFile => {}
-        FileType::Symlink => return Err(Refusal::Symlink),
-        _ => return Err(Refusal::NotRegular),
-    }
-    let fd = rustix::fs::openat(at, *leaf, FILE_OPEN_FLAGS, Mode::empty()).map_err(refusal)?;
-    // And again after: a file swapped in between is refused.
-    let now = rustix::fs::fstat(&fd).map_err(refusal)?;
-    if FileType::from_raw_mode(now.st_mode) != FileType::RegularFile
-        || (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino)
-    {
-        return Err(Refusal::Changed);
-    }
-    let size = u64::try_from(now.st_size).unwrap_or(u64::MAX);
-    if size > FILE_MAX {
-        return Err(Refusal::TooLarge(size));
-    }
+/// Opens `parts` below `root` ([`Dir::open_below`]: no link followed, only
+/// directories on the way and a regular file at the end), at most
+/// [`FILE_MAX`] bytes.
+fn open_below<'a>(root: &Dir, parts: &[&str]) -> Result<GuestFile<'a>, Refusal> {
+    let input = root
+        .open_below(parts)
+        .and_then(|f| f.at_most(FILE_MAX, "the most read of a guest file"))
+        .map_err(refusal)?;
+    let (dev, ino) = input.identity();
     Ok(GuestFile {
-        id: FileId::Inode(now.st_dev, now.st_ino),
-        size,
-        source: Source::File(File::from(fd)),
+        id: FileId::Inode(dev, ino),
+        size: input.size(),
+        source: Source::File(input.into_file()),
     })
 }
 
@@ -570,7 +490,7 @@ mod tests {
         }
         assert!(matches!(
             Sysroot::open(Path::new("/nonexistent/initramfs.cpio")),
-            Err(SysrootError::Read { .. })
+            Err(SysrootError::Read(_))
         ));
     }
 }

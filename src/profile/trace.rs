@@ -261,10 +261,11 @@ pub struct TraceWriter {
 }
 
 impl TraceWriter {
-    /// Creates the trace file and writes its header. Record lines stop once
-    /// they would take more than `max_bytes`; a last line then says so.
-    pub fn create(path: &Path, header: &TraceHeader, max_bytes: u64) -> io::Result<Self> {
-        let mut out = BufWriter::new(File::create(path)?);
+    /// Writes the header to `file`, the trace file opened for it
+    /// (`crate::hostfs::open_stream`). Record lines stop once they would
+    /// take more than `max_bytes`; a last line then says so.
+    pub fn new(file: File, header: &TraceHeader, max_bytes: u64) -> io::Result<Self> {
+        let mut out = BufWriter::new(file);
         serde_json::to_writer(&mut out, header)?;
         out.write_all(b"\n")?;
         Ok(TraceWriter {
@@ -385,10 +386,14 @@ pub fn for_each_entry(
         line,
         reason,
     };
-    let file = File::open(path).map_err(io_err)?;
-    if !file.metadata().map_err(io_err)?.is_file() {
-        return Err(TraceError::NotRegular(path.to_owned()));
-    }
+    let file = match crate::hostfs::open_input(path) {
+        Ok(input) => input.into_file(),
+        Err(crate::hostfs::HostFsError::NotRegular { .. }) => {
+            return Err(TraceError::NotRegular(path.to_owned()));
+        }
+        Err(crate::hostfs::HostFsError::Io { source, .. }) => return Err(io_err(source)),
+        Err(e) => return Err(io_err(std::io::Error::other(e))),
+    };
     let mut input = BufReader::new(file);
     // The header line, read as bytes and at most HEADER_MAX of them: a
     // file that is not a trace may be binary, or one endless line.
@@ -494,7 +499,8 @@ mod tests {
     #[test]
     fn write_and_read_back() {
         let path = temp("rw");
-        let mut w = TraceWriter::create(&path, &header(), u64::MAX).unwrap();
+        let mut w =
+            TraceWriter::new(std::fs::File::create(&path).unwrap(), &header(), u64::MAX).unwrap();
         let rec = EventRecord::hardware(EventId::Cnh, 2, 0x40_1000, 77);
         let plain = TraceRecord::new(1, 0x9000, &rec);
         let stacked = TraceRecord {
@@ -520,7 +526,8 @@ mod tests {
     #[test]
     fn the_kernel_line_is_read_back_in_its_place() {
         let path = temp("kernel");
-        let mut w = TraceWriter::create(&path, &header(), u64::MAX).unwrap();
+        let mut w =
+            TraceWriter::new(std::fs::File::create(&path).unwrap(), &header(), u64::MAX).unwrap();
         let sample = TraceRecord::guest_cpu(0, 0x5000, 0xffff_ffff_9000_0010, true, 1, 1, 0);
         let kernel = KernelLine {
             syscall_entry: 0xffff_ffff_9060_0040,
@@ -553,7 +560,12 @@ mod tests {
         let path = temp("limit");
         let rec = TraceRecord::new(0, 0, &EventRecord::hardware(EventId::Cnh, 1, 0x40_1000, 7));
         let line = serde_json::to_vec(&rec).unwrap().len() as u64 + 1;
-        let mut w = TraceWriter::create(&path, &header(), 3 * line + 1).unwrap();
+        let mut w = TraceWriter::new(
+            std::fs::File::create(&path).unwrap(),
+            &header(),
+            3 * line + 1,
+        )
+        .unwrap();
         let five = vec![rec.clone(); 5];
         assert_eq!(w.append(&five).unwrap(), 2, "3 fit");
         assert_eq!(w.append(&five[..2]).unwrap(), 2);

@@ -87,6 +87,21 @@ pub fn is_our_build(image: &[u8]) -> bool {
     memchr::memmem::find(image, OUR_BUILD).is_some()
 }
 
+/// Reads a kernel or initramfs a user or an API client named, for a guest
+/// of `memory_mib` MiB: a regular file (`crate::hostfs`), refused before
+/// any byte is read when it is larger than the guest's RAM, which could not
+/// hold it. Both front ends read their images here.
+pub fn read_image(
+    path: &std::path::Path,
+    memory_mib: u64,
+) -> Result<Vec<u8>, crate::hostfs::HostFsError> {
+    crate::hostfs::read_input(
+        path,
+        memory_mib.saturating_mul(1 << 20),
+        "the guest's RAM, which must hold it",
+    )
+}
+
 /// `lwpvmm run`'s default command line for `image`: ours for the project's
 /// kernel, [`STOCK_CMDLINE`] for any other; with a root disk, booting from
 /// the first disk (/dev/vda), read-only when the disk is.

@@ -33,7 +33,7 @@ use crate::vmm::devices::virtio::worker::DeviceThread;
 use crate::vmm::error::VmError;
 use crate::vmm::machine::MachineSpec;
 use crate::vmm::outcome::{RunOutcome, VmEnd, metrics_document};
-use crate::vmm::output::RewriteFile;
+use crate::vmm::output::{RewriteFile, replace_json};
 use crate::vmm::snapshot::{self, MemoryLayout, ParentRef, SnapshotError, VmKvmState, VmSnapshot};
 use crate::vmm::vcpu::{Shared, VcpuEvent, VcpuHandle, VcpuResponse, VcpuStop};
 
@@ -558,10 +558,12 @@ impl Control {
         kind: SnapshotKind,
     ) -> Result<(u64, u64), ControlError> {
         let create = |dir: &Path| {
-            std::fs::create_dir_all(dir).map_err(|e| ControlError::Directory {
-                path: dir.to_owned(),
-                reason: e.to_string(),
-            })
+            crate::hostfs::Dir::create(dir)
+                .map(drop)
+                .map_err(|e| ControlError::Directory {
+                    path: dir.to_owned(),
+                    reason: e.to_string(),
+                })
         };
         let parent = match kind {
             SnapshotKind::Full => None,
@@ -655,11 +657,7 @@ impl Control {
         let counters = VmCounters::of(&self.metrics, &self.device_metrics);
         let mut document = metrics_document(end.ok().flatten(), &counters, lwp);
         document.error = end.err().map(ToString::to_string);
-        let e = serde_json::to_vec_pretty(&document)
-            .map_err(std::io::Error::other)
-            .and_then(|bytes| file.replace(&bytes))
-            .err()?;
-        let e = format!("cannot write the metrics to {}: {e}", file.path().display());
+        let e = replace_json(file, &document).err()?.to_string();
         log::error!("{e}");
         matches!(end, Ok(Some(_))).then_some(e)
     }
@@ -672,10 +670,7 @@ impl Control {
             .ok_or(ControlError::NoMetricsFile)?;
         let counters = VmCounters::of(&self.metrics, &self.device_metrics);
         let document = metrics_document(None, &counters, &[]);
-        serde_json::to_vec_pretty(&document)
-            .map_err(std::io::Error::other)
-            .and_then(|bytes| file.replace(&bytes))
-            .map_err(|e| ControlError::host("writing the metrics file", e))
+        replace_json(file, &document).map_err(|e| ControlError::host("writing the metrics file", e))
     }
 
     /// Stops and joins every vCPU, flushes the console and the trace, writes

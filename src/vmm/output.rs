@@ -4,16 +4,15 @@
 //! every dump, through the descriptor opened at start-up), the trace and
 //! the snapshot directory.
 
-use std::fs::{File, OpenOptions};
-use std::io::{self, Write};
-use std::path::{Path, PathBuf};
+use std::io::Write;
+use std::path::Path;
 
 use thiserror::Error;
 
+use crate::hostfs::{self, Dir, Fifo, HostFsError, Rewrite, StreamMode};
 use crate::lwp::cpuid::LwpProfile;
 use crate::profile::trace::{TRACE_VERSION, TraceHeader, TraceWriter};
 use crate::vmm::config::HostConfig;
-use crate::vmm::devices::port_bus::SerialOut;
 
 /// Which output a path is for; the command line names the option.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,71 +40,40 @@ impl OutputKind {
 
 /// An output that cannot be created or written.
 #[derive(Debug, Error)]
-#[error("cannot write {} {}: {source}", .kind.describe(), .path.display())]
+#[error("cannot write {}: {source}", .kind.describe())]
 pub struct OutputError {
     /// Which output.
     pub kind: OutputKind,
-    /// Its path.
-    pub path: PathBuf,
-    /// Why.
-    pub source: io::Error,
+    /// Why (the path is in it).
+    pub source: HostFsError,
 }
 
 impl OutputError {
-    /// An error of `kind` at `path`.
-    pub fn new(kind: OutputKind, path: &Path, source: io::Error) -> Self {
-        OutputError {
-            kind,
-            path: path.to_owned(),
-            source,
-        }
+    /// An error of `kind`.
+    pub fn new(kind: OutputKind, source: HostFsError) -> Self {
+        OutputError { kind, source }
     }
 }
 
-/// A file whose whole content is replaced at each write (the metrics),
-/// through the descriptor opened at start-up: the control thread rewrites
-/// it without opening anything.
-#[derive(Debug)]
-pub struct RewriteFile {
-    path: PathBuf,
-    part: PathBuf,
-}
+/// A file whose whole content is replaced at each write (the metrics):
+/// each version is a new file beneath the directory's descriptor, renamed
+/// over the path (`crate::hostfs::Rewrite`).
+pub type RewriteFile = Rewrite;
 
-impl RewriteFile {
-    /// Checks that the file can be written: its temporary sibling is
-    /// created (and left for [`Self::replace`]), the file itself is not
-    /// touched until the first replacement.
-    pub fn create(kind: OutputKind, path: &Path) -> Result<Self, OutputError> {
-        let err = |e| OutputError::new(kind, path, e);
-        if path.is_dir() {
-            return Err(err(io::Error::from(io::ErrorKind::IsADirectory)));
-        }
-        let name = path
-            .file_name()
-            .ok_or_else(|| err(io::Error::from(io::ErrorKind::InvalidFilename)))?;
-        let mut part_name = std::ffi::OsString::from(".");
-        part_name.push(name);
-        part_name.push(".lwpvmm-part");
-        let part = path.with_file_name(part_name);
-        File::create(&part).map_err(err)?;
-        Ok(RewriteFile {
-            path: path.to_owned(),
-            part,
+/// Replaces the content of the metrics file `file` with `document`, as
+/// JSON.
+pub fn replace_json(
+    file: &RewriteFile,
+    document: &impl serde::Serialize,
+) -> Result<(), OutputError> {
+    let err = |e| OutputError::new(OutputKind::Metrics, e);
+    let bytes = serde_json::to_vec_pretty(document).map_err(|e| {
+        err(HostFsError::Io {
+            path: file.path(),
+            source: e.into(),
         })
-    }
-
-    /// Replaces the content with `bytes`: written beside the file and
-    /// renamed over it, so the file always holds a whole document (the
-    /// last one), never a truncated one, whenever the process ends.
-    pub fn replace(&self, bytes: &[u8]) -> io::Result<()> {
-        std::fs::write(&self.part, bytes)?;
-        std::fs::rename(&self.part, &self.path)
-    }
-
-    /// The file's path.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
+    })?;
+    file.replace(&bytes).map_err(err)
 }
 
 /// The console's writer.
@@ -123,15 +91,15 @@ impl RunOutputs {
     /// Opens the console and every other output `host` names, in that order,
     /// and prepares the snapshot directory.
     pub fn open(host: &HostConfig, profile: LwpProfile) -> Result<(Console, Self), OutputError> {
-        let console = host.serial.writer().map_err(|e| match &host.serial {
-            SerialOut::File(path) => OutputError::new(OutputKind::Serial, path, e),
-            _ => OutputError::new(OutputKind::Serial, Path::new("stdout"), e),
-        })?;
+        let console = host
+            .serial
+            .writer()
+            .map_err(|e| OutputError::new(OutputKind::Serial, e))?;
         let profiling = &host.profiling;
         let metrics = profiling
             .metrics
             .as_deref()
-            .map(|p| RewriteFile::create(OutputKind::Metrics, p))
+            .map(|p| Rewrite::new(p).map_err(|e| OutputError::new(OutputKind::Metrics, e)))
             .transpose()?;
         let trace = match &profiling.trace {
             Some(path) => {
@@ -140,9 +108,16 @@ impl RunOutputs {
                     profile: profile.name().into(),
                     sample_hz: profiling.sample_hz,
                 };
+                let err = |e| OutputError::new(OutputKind::Trace, e);
+                let file =
+                    hostfs::open_stream(path, StreamMode::Truncate, Fifo::Refused).map_err(err)?;
                 Some(
-                    TraceWriter::create(path, &header, profiling.trace_max)
-                        .map_err(|e| OutputError::new(OutputKind::Trace, path, e))?,
+                    TraceWriter::new(file, &header, profiling.trace_max).map_err(|source| {
+                        err(HostFsError::Io {
+                            path: path.clone(),
+                            source,
+                        })
+                    })?,
                 )
             }
             None => None,
@@ -155,33 +130,18 @@ impl RunOutputs {
 }
 
 /// Creates the snapshot directory if needed and checks that files can be
-/// created in it (with a probe file, removed at once: permissions alone do
-/// not tell, for root or a read-only file system).
+/// created in it (a fresh file, removed at once: permissions alone do not
+/// tell, for root or a read-only file system).
 pub fn prepare_snapshot_dir(dir: &Path) -> Result<(), OutputError> {
-    let err = |e| OutputError::new(OutputKind::SnapshotDir, dir, e);
-    std::fs::create_dir_all(dir).map_err(err)?;
-    let probe = dir.join(format!(".lwpvmm-probe-{}", std::process::id()));
-    OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&probe)
-        .map_err(err)?;
-    std::fs::remove_file(&probe).map_err(err)
+    let err = |e| OutputError::new(OutputKind::SnapshotDir, e);
+    let held = Dir::create(dir).map_err(err)?;
+    drop(held.create_new(".lwpvmm-probe").map_err(err)?);
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn rewrites_replace_the_whole_content() {
-        let path = std::env::temp_dir().join(format!("lwpvmm-output-{}", std::process::id()));
-        let f = RewriteFile::create(OutputKind::Metrics, &path).unwrap();
-        f.replace(b"a longer first version").unwrap();
-        f.replace(b"short").unwrap();
-        assert_eq!(std::fs::read(&path).unwrap(), b"short");
-        std::fs::remove_file(&path).unwrap();
-    }
 
     #[test]
     fn bad_paths_are_named() {
@@ -193,7 +153,9 @@ mod tests {
         for (kind, path) in table {
             let err = match kind {
                 OutputKind::SnapshotDir => prepare_snapshot_dir(Path::new(path)).unwrap_err(),
-                _ => RewriteFile::create(kind, Path::new(path)).unwrap_err(),
+                _ => Rewrite::new(Path::new(path))
+                    .map_err(|e| OutputError::new(kind, e))
+                    .unwrap_err(),
             };
             assert_eq!(err.kind, kind);
             let text = err.to_string();

@@ -112,6 +112,9 @@ counters! {
     net_rx_dropped,
     /// Frames from the guest dropped: a tap that refused one.
     net_tx_dropped,
+    /// vsock receive buffers too small for a header and any payload (44
+    /// bytes or fewer), handed back to the guest empty.
+    vsock_rx_small_buffers,
     /// Requests a device could not make sense of (malformed chains,
     /// out-of-range sectors, queues outside RAM).
     device_errors,
@@ -183,7 +186,7 @@ impl VcpuMetrics {
 }
 
 /// The counters a virtio device keeps (of its own, not a vCPU's).
-pub const DEVICE_COUNTERS: [&str; 8] = [
+pub const DEVICE_COUNTERS: [&str; 9] = [
     "disk_reads",
     "disk_writes",
     "disk_flushes",
@@ -191,6 +194,7 @@ pub const DEVICE_COUNTERS: [&str; 8] = [
     "net_tx_frames",
     "net_rx_dropped",
     "net_tx_dropped",
+    "vsock_rx_small_buffers",
     "device_errors",
 ];
 
@@ -321,6 +325,7 @@ mod tests {
             "lwpvmm_lwpins_total{vcpu=\"1\"} 4",
             "lwpvmm_disk_reads_total{vcpu=\"0\"} 0",
             "lwpvmm_disk_reads_total{device=\"0\"} 5",
+            "lwpvmm_vsock_rx_small_buffers_total{device=\"0\"} 0",
             "# TYPE lwpvmm_step_backend_trap_flag gauge",
             "lwpvmm_step_backend_trap_flag{vcpu=\"0\"} 1",
         ] {

@@ -446,7 +446,8 @@ mod tests {
             profile: "emulated".into(),
             sample_hz: 0,
         };
-        let writer = TraceWriter::create(&path, &header, u64::MAX).unwrap();
+        let writer =
+            TraceWriter::new(std::fs::File::create(&path).unwrap(), &header, u64::MAX).unwrap();
         let r = Recorder::new(Some(writer), false, 0);
         let count = |r: &Recorder| {
             r.flush().unwrap();

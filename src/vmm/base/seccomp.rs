@@ -5,8 +5,10 @@
 //! made which call and ends lwpvmm with status 2, so a violation is never
 //! silent. In `log` mode the kernel logs the call (SECCOMP_RET_LOG) and lets
 //! it through, which is how a user finds what a list lacks. ioctl is
-//! allowed only for the request numbers each thread makes. The lists are
-//! documented in docs/security.md.
+//! allowed only for the request numbers each thread makes. On the threads
+//! that open no file (vCPU, device, vsock), glibc's own read-only open fails
+//! with EACCES instead of trapping (`refusal`). The lists are documented
+//! in docs/security.md.
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -143,6 +145,9 @@ const CONTROL: &[(&str, i64)] = syscalls![
     libc::SYS_tgkill,
     // The sampler's rate set at run time (`PATCH /capture`).
     libc::SYS_timerfd_settime,
+    // A snapshot or metrics file that failed half-written is removed
+    // (`hostfs::NewFile`).
+    libc::SYS_unlinkat,
 ];
 
 /// What the device thread adds: its event loop, the disk images (positioned
@@ -203,11 +208,30 @@ const API: &[(&str, i64)] = syscalls![
 /// (`profile::sysroot`), and glibc's own read-only open: its malloc reads
 /// /proc/sys/vm/overcommit_memory the first time a thread's heap shrinks,
 /// which a large profile's answer does (seen killing the API thread).
-const API_OPEN_FLAGS: [u64; 3] = [
-    crate::profile::sysroot::DIR_OPEN_FLAGS.bits() as u64,
-    crate::profile::sysroot::FILE_OPEN_FLAGS.bits() as u64,
+const API_OPEN_FLAGS: [u64; 4] = [
+    crate::hostfs::DIR_WALK_FLAGS.bits() as u64,
+    crate::hostfs::INPUT_BELOW_FLAGS.bits() as u64,
+    crate::hostfs::INPUT_FLAGS.bits() as u64,
     libc::O_RDONLY as u64 | libc::O_CLOEXEC as u64,
 ];
+
+/// The flags glibc opens a file of its own with (`__open_nocancel`), as
+/// its malloc opens /proc/sys/vm/overcommit_memory the first time a heap of
+/// any thread's arena shrinks: on a device thread, when a guest's large
+/// buffers are freed (vsock connections reset past their credit, seen
+/// killing the vsock thread).
+const GLIBC_OPEN_FLAGS: u64 = libc::O_RDONLY as u64 | libc::O_CLOEXEC as u64;
+
+/// Whether a thread of `kind` gets [`refusal`]: the threads that open no
+/// file, whose guest-driven memory use could reach glibc's open.
+fn refuses_glibc_opens(kind: ThreadKind) -> bool {
+    match kind {
+        ThreadKind::Vcpu | ThreadKind::Device | ThreadKind::Vsock => true,
+        // The control thread opens files; the API thread allows glibc's
+        // open among its own (`API_OPEN_FLAGS`).
+        ThreadKind::Control | ThreadKind::Api => false,
+    }
+}
 
 const KVMIO: u32 = 0xae;
 
@@ -332,6 +356,21 @@ fn build(kind: ThreadKind, mode: SeccompMode) -> Result<BpfProgram, SeccompError
             .collect::<Result<Vec<_>, _>>()?;
         rules.insert(libc::SYS_openat, read_only);
     }
+    if refuses_glibc_opens(kind) {
+        // Let through here so that [`refusal`] answers it: the kernel takes
+        // the stricter answer of the two filters, and a trap beats EACCES.
+        let condition = SeccompCondition::new(
+            2,
+            SeccompCmpArgLen::Dword,
+            SeccompCmpOp::Eq,
+            GLIBC_OPEN_FLAGS,
+        )
+        .map_err(err)?;
+        rules.insert(
+            libc::SYS_openat,
+            vec![SeccompRule::new(vec![condition]).map_err(err)?],
+        );
+    }
     // An empty rule list would allow every ioctl: a thread that makes none
     // gets no ioctl entry at all.
     if !requests.is_empty() {
@@ -343,6 +382,35 @@ fn build(kind: ThreadKind, mode: SeccompMode) -> Result<BpfProgram, SeccompError
     };
     let filter = SeccompFilter::new(rules, mismatch, SeccompAction::Allow, TargetArch::x86_64)
         .map_err(err)?;
+    BpfProgram::try_from(filter).map_err(err)
+}
+
+/// The filter that makes glibc's own read-only open fail with EACCES and
+/// lets everything else through (to the allowlist, which traps an open with
+/// any other flags). glibc takes the failure for the default setting and
+/// frees heap pages with madvise, which every thread may call; the thread
+/// still opens no file, so a guest that reaches this path neither kills
+/// lwpvmm nor gains a way to read the host's files.
+fn refusal() -> Result<BpfProgram, SeccompError> {
+    let err = |e: seccompiler::BackendError| SeccompError::Build(e.to_string());
+    let condition = SeccompCondition::new(
+        2,
+        SeccompCmpArgLen::Dword,
+        SeccompCmpOp::Eq,
+        GLIBC_OPEN_FLAGS,
+    )
+    .map_err(err)?;
+    let rules = BTreeMap::from([(
+        libc::SYS_openat,
+        vec![SeccompRule::new(vec![condition]).map_err(err)?],
+    )]);
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EACCES as u32),
+        TargetArch::x86_64,
+    )
+    .map_err(err)?;
     BpfProgram::try_from(filter).map_err(err)
 }
 
@@ -364,9 +432,19 @@ pub fn install(kind: ThreadKind, mode: SeccompMode, name: &str) -> Result<(), Se
     label[..n].copy_from_slice(&name.as_bytes()[..n]);
     THREAD_NAME.with(|c| c.set(label));
     let program = build(kind, mode)?;
+    let refusing = if refuses_glibc_opens(kind) {
+        Some(refusal()?)
+    } else {
+        None
+    };
     vmm_sys_util::signal::register_signal_handler(libc::SIGSYS, sigsys_handler)
         .map_err(SeccompError::Handler)?;
-    seccompiler::apply_filter(&program).map_err(|e| SeccompError::Install(e.to_string()))
+    // The refusal first: under the allowlist the thread may not install
+    // another filter.
+    for p in refusing.iter().chain([&program]) {
+        seccompiler::apply_filter(p).map_err(|e| SeccompError::Install(e.to_string()))?;
+    }
+    Ok(())
 }
 
 /// The SIGSYS part of `siginfo_t` (the kernel's `_sigsys`), which the libc
@@ -532,6 +610,7 @@ mod tests {
                 assert!(program.len() > 10, "{kind:?} {mode:?}");
             }
         }
+        assert!(refusal().unwrap().len() > 3);
     }
 
     #[test]

@@ -6,7 +6,6 @@
 //! paravirtual doorbell ports, which only the vCPU loop can answer (they
 //! need the vCPU's registers).
 
-use std::fs::File;
 use std::io::{self, LineWriter, Write};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -17,6 +16,7 @@ use vm_superio::serial::{NoEvents, SerialState};
 use vm_superio::{Serial, Trigger};
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::hostfs::{self, Fifo, HostFsError, StreamMode};
 use crate::vmm::base::pv::{
     DB_PORT, EXIT_PORT, POWER_PORT, PowerOp, SNAPSHOT_PORT, STATE_PORT, UD_PORT,
 };
@@ -86,10 +86,16 @@ impl Write for CaptureWriter {
 impl SerialOut {
     /// Opens the destination. Standard output and files are written through
     /// line by line, so that a run that is killed leaves its console behind.
-    pub fn writer(&self) -> io::Result<Box<dyn Write + Send>> {
+    /// A file is a regular file (or a new one), never a device, a FIFO or
+    /// a link (`crate::hostfs::open_stream`).
+    pub fn writer(&self) -> Result<Box<dyn Write + Send>, HostFsError> {
         Ok(match self {
             SerialOut::Stdout => Box::new(io::stdout()),
-            SerialOut::File(path) => Box::new(LineWriter::new(File::create(path)?)),
+            SerialOut::File(path) => Box::new(LineWriter::new(hostfs::open_stream(
+                path,
+                StreamMode::Truncate,
+                Fifo::Refused,
+            )?)),
             SerialOut::Capture(buf) => Box::new(CaptureWriter(Arc::clone(buf))),
         })
     }

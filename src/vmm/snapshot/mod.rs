@@ -7,7 +7,7 @@
 use std::collections::HashSet;
 use std::fs::File;
 use std::io::{self, Read};
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use crc::{CRC_64_XZ, Crc};
@@ -18,6 +18,7 @@ use thiserror::Error;
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
 use crate::guard::GuestMemory;
+use crate::hostfs::{Dir, HostFsError};
 use crate::lwp::cpuid::{GuestLwpSupport, LwpProfile};
 use crate::vmm::devices::ioapic::IoapicState;
 use crate::vmm::devices::pm::PmState;
@@ -106,6 +107,9 @@ pub enum SnapshotError {
         /// Why.
         source: kvm_ioctls::Error,
     },
+    /// A snapshot file or directory cannot be opened or created.
+    #[error(transparent)]
+    File(#[from] HostFsError),
     /// A snapshot file is not a regular file.
     #[error("{0}: not a regular file (a snapshot's files are regular files)")]
     NotRegular(PathBuf),
@@ -312,13 +316,17 @@ pub fn decode(bytes: &[u8], path: &Path) -> Result<VmSnapshot, SnapshotError> {
     Ok(serde_json::from_slice(payload)?)
 }
 
-/// Writes the state file.
 /// Writes the state file; returns its length and its payload's CRC-64 (what
-/// a diff on top of it records).
+/// a diff on top of it records). It is a new file beneath the directory's
+/// descriptor, renamed over the old one (`crate::hostfs::Dir::create_new`),
+/// so a link, a FIFO or a file planted under its name is replaced, never
+/// written through or waited on.
 pub fn write_state(dir: &Path, snapshot: &VmSnapshot) -> Result<(u64, u64), SnapshotError> {
-    let path = dir.join(STATE_FILE);
     let bytes = encode(snapshot)?;
-    std::fs::write(&path, &bytes).map_err(io_err(&path))?;
+    let held = Dir::open(dir)?;
+    let mut file = held.create_new(STATE_FILE)?;
+    file.write_all(&bytes)?;
+    file.commit()?;
     Ok((bytes.len() as u64, payload_crc(&bytes)))
 }
 
@@ -334,18 +342,19 @@ pub fn read_state(dir: &Path) -> Result<VmSnapshot, SnapshotError> {
     read_state_crc(dir).map(|(s, _)| s)
 }
 
-/// Opens a snapshot file for reading: without blocking (a FIFO opens at
-/// once), and only when it is a regular file, checked on what was opened.
-fn open_regular(path: &Path) -> Result<File, SnapshotError> {
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(path)
-        .map_err(io_err(path))?;
-    if !file.metadata().map_err(io_err(path))?.is_file() {
-        return Err(SnapshotError::NotRegular(path.to_owned()));
-    }
-    Ok(file)
+/// Opens the snapshot file `name` in `dir` for reading (`crate::hostfs`):
+/// a regular file beneath the directory's descriptor, never a link, a FIFO
+/// or a device, none of which is opened.
+fn open_regular(dir: &Path, name: &str) -> Result<File, SnapshotError> {
+    let held = Dir::open(dir)?;
+    held.open_input(name)
+        .map(crate::hostfs::Input::into_file)
+        .map_err(|e| match e {
+            HostFsError::NotRegular { path, .. } | HostFsError::Symlink { path } => {
+                SnapshotError::NotRegular(path)
+            }
+            e => SnapshotError::File(e),
+        })
 }
 
 /// As [`read_state`], with the payload's CRC-64.
@@ -358,7 +367,7 @@ pub fn read_state_crc(dir: &Path) -> Result<(VmSnapshot, u64), SnapshotError> {
 /// CRC-64 and the file's identity (device, inode).
 fn read_state_file(dir: &Path) -> Result<(VmSnapshot, u64, (u64, u64)), SnapshotError> {
     let path = dir.join(STATE_FILE);
-    let file = open_regular(&path)?;
+    let file = open_regular(dir, STATE_FILE)?;
     let meta = file.metadata().map_err(io_err(&path))?;
     let identity = (meta.dev(), meta.ino());
     if meta.len() > MAX_PAYLOAD + HEADER_LEN as u64 {
@@ -404,13 +413,16 @@ pub struct Link {
 /// and inode) or is longer than [`MAX_CHAIN`] is refused. Only one
 /// parent's state is held at a time: [`read_link`] reads it again.
 pub fn chain(dir: &Path) -> Result<(VmSnapshot, u64, Vec<Link>), SnapshotError> {
-    if !dir.join(STATE_FILE).exists() {
-        let mut numbered: Vec<u64> = std::fs::read_dir(dir)
+    let held = Dir::open(dir)?;
+    if held.kind(STATE_FILE).is_none() {
+        let mut numbered: Vec<u64> = held
+            .names()?
             .into_iter()
-            .flatten()
-            .flatten()
-            .filter(|e| e.path().join(STATE_FILE).is_file())
-            .filter_map(|e| e.file_name().to_str()?.parse().ok())
+            .filter(|n| {
+                held.subdir(n)
+                    .is_ok_and(|d| d.kind(STATE_FILE) == Some(crate::hostfs::Kind::Regular))
+            })
+            .filter_map(|n| n.parse().ok())
             .collect();
         numbered.sort_unstable();
         if !numbered.is_empty() {
@@ -503,9 +515,10 @@ fn is_zero(page: &[u8]) -> bool {
 /// little disk). The file is written beside the old one and renamed over
 /// it, so a VM restored from the old one, which maps it, keeps its pages.
 pub fn write_memory(dir: &Path, mem: &GuestMemory) -> Result<(u64, u64), SnapshotError> {
-    let path = dir.join(MEMORY_FILE);
-    let part = dir.join(format!("{MEMORY_FILE}.part"));
-    let file = File::create(&part).map_err(io_err(&part))?;
+    let held = Dir::open(dir)?;
+    let new = held.create_new(MEMORY_FILE)?;
+    let part = dir.join(MEMORY_FILE);
+    let file = new.file();
     let mut digest = CRC.digest();
     let mut buf = vec![0u8; CHUNK];
     let mut at = 0u64;
@@ -528,8 +541,7 @@ pub fn write_memory(dir: &Path, mem: &GuestMemory) -> Result<(u64, u64), Snapsho
         }
     }
     file.set_len(at).map_err(io_err(&part))?;
-    drop(file);
-    std::fs::rename(&part, &path).map_err(io_err(&path))?;
+    new.commit()?;
     Ok((digest.finalize(), at))
 }
 
@@ -552,9 +564,10 @@ pub fn write_diff_memory(
     mem: &GuestMemory,
     dirty: &[Vec<u64>],
 ) -> Result<DiffWritten, SnapshotError> {
-    let path = dir.join(MEMORY_FILE);
-    let part = dir.join(format!("{MEMORY_FILE}.part"));
-    let file = File::create(&part).map_err(io_err(&part))?;
+    let held = Dir::open(dir)?;
+    let new = held.create_new(MEMORY_FILE)?;
+    let part = dir.join(MEMORY_FILE);
+    let file = new.file();
     let mut digest = CRC.digest();
     let mut ranges: Vec<(u64, u64)> = Vec::new();
     let mut page = vec![0u8; PAGE];
@@ -581,8 +594,7 @@ pub fn write_diff_memory(
         base += size;
     }
     file.set_len(base).map_err(io_err(&part))?;
-    drop(file);
-    std::fs::rename(&part, &path).map_err(io_err(&path))?;
+    new.commit()?;
     Ok(DiffWritten {
         crc64: digest.finalize(),
         pages: ranges,
@@ -678,7 +690,7 @@ fn file_offset_to_gpa(regions: &[(u64, u64)], offset: u64) -> Option<u64> {
 /// (which would be SIGBUS when touched).
 pub fn open_memory(dir: &Path, recorded: &MemoryLayout) -> Result<File, SnapshotError> {
     let path = dir.join(MEMORY_FILE);
-    let file = open_regular(&path)?;
+    let file = open_regular(dir, MEMORY_FILE)?;
     let total: u64 = recorded.regions.iter().map(|r| r.1).sum();
     let len = file.metadata().map_err(io_err(&path))?.len();
     if len != total {

@@ -3,7 +3,6 @@
 //! the user's configuration or from a snapshot's, and the MMIO exits of the
 //! vCPUs routed to the slot whose window they hit.
 
-use std::fs::OpenOptions;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -19,6 +18,7 @@ use super::mmio::{MmioTransport, REG_QUEUE_NOTIFY, TransportState, VirtioDevice}
 use super::net::{self, Net};
 use super::vsock::{Vsock, VsockConfig};
 use crate::guard::GuestMemory;
+use crate::hostfs::{self, Access};
 use crate::vmm::base::metrics::VcpuMetrics;
 use crate::vmm::devices::acpi::MmioDevice;
 
@@ -61,21 +61,14 @@ fn open_disk(
     read_only: bool,
     metrics: Arc<VcpuMetrics>,
 ) -> Result<Block, VirtioError> {
-    let file = OpenOptions::new()
-        .read(true)
-        .write(!read_only)
-        .open(path)
-        .map_err(|source| VirtioError::Disk {
-            path: path.to_owned(),
-            source,
-        })?;
-    let bytes = file
-        .metadata()
-        .map_err(|source| VirtioError::Disk {
-            path: path.to_owned(),
-            source,
-        })?
-        .len();
+    let access = if read_only {
+        Access::Read
+    } else {
+        Access::ReadWrite
+    };
+    let image = hostfs::open_image(path, access).map_err(VirtioError::Disk)?;
+    let bytes = image.size();
+    let file = image.into_file();
     if bytes == 0 || bytes % block::SECTOR != 0 {
         return Err(VirtioError::DiskSize {
             path: path.to_owned(),

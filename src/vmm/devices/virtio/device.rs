@@ -8,6 +8,8 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::hostfs::HostFsError;
+
 /// The first device's register window; the others follow.
 pub const MMIO_BASE: u64 = 0xd000_0000;
 /// Each device's window.
@@ -95,14 +97,9 @@ impl From<virtio_queue::Error> for DeviceError {
 pub enum VirtioError {
     /// A disk image could not be opened.
     #[error(
-        "cannot open the disk image {path}: {source} (give an existing raw image file; add `,ro` to attach a file you may only read)"
+        "cannot open the disk image {0} (give an existing raw image file; add `,ro` to attach a file you may only read)"
     )]
-    Disk {
-        /// The image.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
+    Disk(HostFsError),
     /// A disk image is not a whole number of sectors, or empty.
     #[error(
         "the disk image {path} is {bytes} bytes: a raw image is a non-zero multiple of 512 bytes"

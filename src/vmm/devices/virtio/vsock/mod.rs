@@ -162,18 +162,30 @@ impl Vsock {
                 }
             };
             let room = writer.available_bytes();
+            if room < HDR_LEN || (room == HDR_LEN && !self.muxer.has_control()) {
+                // Too small for anything the host has (a header and at
+                // least a byte of data, or a header alone for a control
+                // packet). Left at the ring's head it would be found again
+                // at every wakeup, and a readable host socket wakes the
+                // thread at once: a busy loop for as long as the guest
+                // likes. It goes back empty (a driver drops a used buffer
+                // shorter than a header) and the next buffer is taken;
+                // when none is left the host waits for the guest's next.
+                self.metrics
+                    .vsock_rx_small_buffers
+                    .fetch_add(1, Ordering::Relaxed);
+                queue.add_used(mem, head, 0)?;
+                used = true;
+                continue;
+            }
             let Some((h, n)) = self.muxer.to_guest(room) else {
                 queue.go_to_previous_position();
                 break;
             };
-            let written = if room < HDR_LEN + n {
-                self.muxer.requeue(h);
-                0
-            } else {
-                let ok = writer.write_all(&h.bytes()).is_ok()
-                    && writer.write_all(self.muxer.payload(n)).is_ok();
-                if ok { HDR_LEN + n } else { 0 }
-            };
+            // `to_guest` sizes the packet to `room`.
+            let ok = writer.write_all(&h.bytes()).is_ok()
+                && writer.write_all(self.muxer.payload(n)).is_ok();
+            let written = if ok { HDR_LEN + n } else { 0 };
             queue.add_used(mem, head, written as u32)?;
             used = true;
             if self.halt.requested() {
@@ -299,7 +311,7 @@ mod tests {
     use crate::vmm::devices::virtio::drain::one_descriptor as one;
     use virtio_bindings::virtio_ring::VRING_DESC_F_WRITE;
     use virtio_queue::mock::MockSplitQueue;
-    use vm_memory::{Bytes, GuestAddress};
+    use vm_memory::{Address, Bytes, GuestAddress};
 
     struct Rig {
         dir: PathBuf,
@@ -414,6 +426,118 @@ mod tests {
         let mut cid = [0u8; 8];
         r.vsock.read_config(0, &mut cid);
         assert_eq!(u64::from_le_bytes(cid), 3);
+    }
+
+    /// The used ring's entry `i` of `q`: the length the device wrote.
+    fn used_len(q: &MockSplitQueue<'static, GuestMemory>, mem: &GuestMemory, i: u16) -> u32 {
+        mem.read_obj(q.used_addr().unchecked_add(4 + 8 * u64::from(i) + 4))
+            .unwrap()
+    }
+
+    fn used_idx(q: &MockSplitQueue<'static, GuestMemory>, mem: &GuestMemory) -> u16 {
+        mem.read_obj(q.used_addr().unchecked_add(2)).unwrap()
+    }
+
+    /// A guest that posts only receive buffers too small for a header and
+    /// any payload while the host has bytes for it. Before, such a buffer
+    /// stayed at the ring's head and the device asked to go on polling the
+    /// host, whose readable socket woke the thread at once, for ever. Now
+    /// each goes back empty and counted, one iteration of the receive loop
+    /// each, and the device stops polling the host until the guest's next
+    /// notification; a buffer of a header's size still carries a control
+    /// packet, and an adequate buffer gets the bytes.
+    #[test]
+    fn small_receive_buffers_go_back_and_the_host_waits_for_the_next() {
+        let mut r = rig("small", false);
+        let listener = std::os::unix::net::UnixListener::bind(r.dir.join("v.sock_52")).unwrap();
+        let (mut tx_desc, mut rx_desc) = (0u16, 0u16);
+        let mut send = |r: &mut Rig, packet: &[u8]| {
+            let at = 0x20000 + 0x1000 * u64::from(tx_desc);
+            r.mem.write_slice(packet, GuestAddress(at)).unwrap();
+            r.tx.add_desc_chains(&one(at, packet.len() as u32, 0), tx_desc)
+                .unwrap();
+            tx_desc += 1;
+            r.vsock.notified(TX, &mut r.queues, &r.mem).unwrap()
+        };
+        let mut post = |r: &mut Rig, len: u32| {
+            let at = 0x40000 + 0x1000 * u64::from(rx_desc);
+            r.rx.add_desc_chains(&one(at, len, VRING_DESC_F_WRITE), rx_desc)
+                .unwrap();
+            rx_desc += 1;
+            at
+        };
+        // The connection, its RESPONSE in a buffer of 4 KiB, and bytes from
+        // the host process that no buffer posted below can carry.
+        post(&mut r, 4096);
+        send(&mut r, &request());
+        assert_eq!(used_idx(&r.rx, &r.mem), 1, "the RESPONSE");
+        let (mut host, _) = listener.accept().unwrap();
+        host.write_all(b"pending").unwrap();
+        let small = |r: &Rig| {
+            r.vsock
+                .metrics
+                .vsock_rx_small_buffers
+                .load(Ordering::Relaxed)
+        };
+        // (buffers posted at once, whether a control packet waits: a reset
+        // for a REQUEST to a port nobody listens on; the op each buffer
+        // gets, None when it goes back empty)
+        let mut refused = request();
+        refused[20..24].copy_from_slice(&99u32.to_le_bytes());
+        type Row<'a> = (&'a [u32], bool, &'a [Option<Op>]);
+        let table: [Row; 4] = [
+            (&[44], false, &[None]),
+            (&[20, 1, 44], false, &[None, None, None]),
+            (&[0x10], true, &[None]),
+            (&[44], false, &[Some(Op::Rst)]),
+        ];
+        let mut returned = 0;
+        for (sizes, control, want) in table {
+            if control {
+                let p = send(&mut r, &refused);
+                assert_eq!(p.host_input, Some(false), "no buffer for the reset yet");
+            }
+            let first = used_idx(&r.rx, &r.mem);
+            let at: Vec<u64> = sizes.iter().map(|&len| post(&mut r, len)).collect();
+            let p = r.vsock.notified(RX, &mut r.queues, &r.mem).unwrap();
+            assert_eq!(
+                (p.interrupt, p.host_input, p.again),
+                (true, Some(false), false),
+                "{sizes:?}: every buffer went back and the host waits"
+            );
+            assert_eq!(used_idx(&r.rx, &r.mem), first + sizes.len() as u16);
+            for (i, (op, addr)) in want.iter().zip(at).enumerate() {
+                let len = used_len(&r.rx, &r.mem, first + i as u16);
+                match op {
+                    None => {
+                        assert_eq!(len, 0, "{sizes:?}");
+                        returned += 1;
+                    }
+                    Some(op) => {
+                        let mut got = [0u8; HDR_LEN];
+                        r.mem.read_slice(&mut got, GuestAddress(addr)).unwrap();
+                        assert_eq!((len, Header::parse(&got).unwrap().op), (44, *op));
+                    }
+                }
+            }
+            assert_eq!(small(&r), returned, "{sizes:?}");
+            // Wakeups with nothing posted (the host socket is still
+            // readable) take nothing and keep the host unpolled.
+            for _ in 0..3 {
+                let p = r.vsock.host_input(&mut r.queues, &r.mem).unwrap();
+                assert_eq!((p.interrupt, p.host_input), (false, Some(false)));
+            }
+            assert_eq!(used_idx(&r.rx, &r.mem), first + sizes.len() as u16);
+        }
+        let at = post(&mut r, 4096);
+        let first = used_idx(&r.rx, &r.mem);
+        r.vsock.notified(RX, &mut r.queues, &r.mem).unwrap();
+        assert_eq!(used_len(&r.rx, &r.mem, first), (HDR_LEN + 7) as u32);
+        let mut got = vec![0u8; HDR_LEN + 7];
+        r.mem.read_slice(&mut got, GuestAddress(at)).unwrap();
+        let h = Header::parse(&got).unwrap();
+        assert_eq!((h.op, h.len, &got[HDR_LEN..]), (Op::Rw, 7, &b"pending"[..]));
+        assert_eq!(small(&r), 5);
     }
 
     #[test]

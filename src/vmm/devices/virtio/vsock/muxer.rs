@@ -262,6 +262,12 @@ impl Muxer {
         !self.pending.is_empty() || !self.readable.is_empty()
     }
 
+    /// Whether a control packet (a header alone) is waiting: it fits a
+    /// buffer of [`HDR_LEN`] bytes, which data does not.
+    pub fn has_control(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
     fn header(&self, key: Key, op: Op, len: u32, flags: u32) -> Header {
         let fwd_cnt = self.conns.get(&key).map_or(0, |c| c.fwd_cnt);
         Header {
@@ -678,15 +684,6 @@ impl Muxer {
     /// The payload of the packet [`Self::to_guest`] just returned.
     pub fn payload(&self, len: usize) -> &[u8] {
         &self.scratch[..len]
-    }
-
-    /// Puts back a packet no buffer could take (it was too small).
-    pub fn requeue(&mut self, h: Header) {
-        if h.len == 0 {
-            self.pending.push_front(h);
-        } else {
-            self.counts.dropped += 1;
-        }
     }
 }
 
