@@ -42,6 +42,7 @@ const GUESTS: &[&str] = &[
     "virtio_hostile",
     "compat32",
     "kernel_insn",
+    "reserved_bits",
 ];
 
 /// Guests that share another guest's CPL0 part: (guest, assembly source).

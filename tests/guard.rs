@@ -7,8 +7,12 @@
 
 use lwpvmm::guard::pagetable::{PageSize, PageTables, PteFlags};
 use lwpvmm::guard::paging::{entry_at, is_canonical};
-use lwpvmm::guard::{Access, GuardError, GuestMemory, GuestView, Level, Paging, PagingCaps};
+use lwpvmm::guard::reserved::RULES;
+use lwpvmm::guard::{
+    Access, GuardError, GuestMemory, GuestView, Level, Paging, PagingCaps, Vendor,
+};
 
+use lwpvmm::lwp::cpuid::CpuidEntry;
 use lwpvmm::lwp::fault::{
     GuestFault, PF_FETCH, PF_PRESENT, PF_PROTECTION_KEY, PF_RESERVED, PF_USER, PF_WRITE,
 };
@@ -639,12 +643,14 @@ fn page_walks_follow_the_guests_cpuid() {
         pt.cr3()
     };
     let none = PagingCaps {
+        vendor: Vendor::Intel,
         maxphyaddr: 40,
         page_1g: false,
         nx: false,
         pku: false,
     };
     let all = PagingCaps {
+        vendor: Vendor::Intel,
         maxphyaddr: 48,
         page_1g: true,
         nx: true,
@@ -851,6 +857,239 @@ fn page_walks_follow_the_guests_cpuid() {
             .map(|_| ())
             .map_err(|e| e.fault());
         assert_eq!(got, want, "{what}");
+    }
+}
+
+/// Reserved bits follow the CPU the guest sees, from fabricated CPUIDs
+/// (leaf 0's vendor string, 0x8000_0001's NX and Page1GB, 0x8000_0008's
+/// MAXPHYADDR) and EFER.NXE: each row of the guard's table
+/// (`lwpvmm::guard::reserved::RULES`) and the ignored bits beside them, at
+/// every level, leaf and table, under each vendor string, reserved exactly
+/// where KVM's MMU (and so the CPU a guest runs on) faults with PFEC.RSVD.
+/// `tests/reserved_bits.rs` has the CPU itself answer the same rows.
+#[test]
+fn reserved_bits_follow_the_guests_vendor() {
+    const MAXPHYADDR: u32 = 40;
+    const XD: u64 = 1 << 63;
+    let mem = memory();
+    let cr3 = {
+        let mut pt = PageTables::new(&mem, 0x1000, 0x10_0000).unwrap();
+        pt.map(USER_RW, 0x30_0000, PageSize::Size4K, PteFlags::USER_RW)
+            .unwrap();
+        pt.map(LARGE_2M, 0x40_0000, PageSize::Size2M, PteFlags::USER_RW)
+            .unwrap();
+        pt.map(LARGE_1G, 0, PageSize::Size1G, PteFlags::USER_RW)
+            .unwrap();
+        pt.cr3()
+    };
+    let cpuid = |vendor: &[u8; 12], page_1g: bool| {
+        let reg = |i: usize| u32::from_le_bytes(vendor[i..i + 4].try_into().unwrap());
+        let leaf = |leaf: u32, eax: u32, ebx: u32, ecx: u32, edx: u32| CpuidEntry {
+            leaf,
+            subleaf: 0,
+            eax,
+            ebx,
+            ecx,
+            edx,
+        };
+        let ext_edx = 1 << 20 | if page_1g { 1 << 26 } else { 0 };
+        [
+            leaf(0, 0xd, reg(0), reg(8), reg(4)),
+            leaf(0x8000_0001, 0, 0, 0, ext_edx),
+            leaf(0x8000_0008, MAXPHYADDR, 0, 0, 0),
+        ]
+    };
+    // (vendor string, whose rules: 0 Intel's, 1 AMD's)
+    let vendors: [(&[u8; 12], usize); 5] = [
+        (b"GenuineIntel", 0),
+        (b"AuthenticAMD", 1),
+        (b"HygonGenuine", 1),
+        (b"AMDisbetter!", 1),
+        (b"CentaurHauls", 0),
+    ];
+    // Where a case sets its bits: (address, level).
+    const PML4E: (u64, Level) = (USER_RW, Level::Pml4);
+    const PDPTE: (u64, Level) = (USER_RW, Level::Pdpt);
+    const PDPTE_1G: (u64, Level) = (LARGE_1G, Level::Pdpt);
+    const PDE: (u64, Level) = (USER_RW, Level::Pd);
+    const PDE_2M: (u64, Level) = (LARGE_2M, Level::Pd);
+    const PTE: (u64, Level) = (USER_RW, Level::Pt);
+    // The processor and EFER: (EFER.NXE, Page1GB).
+    const NXE: (bool, bool) = (true, true);
+    const NO_NXE: (bool, bool) = (false, true);
+    const NO_1G: (bool, bool) = (true, false);
+    // Reserved with Intel's rules, with AMD's.
+    const RSVD: [bool; 2] = [true, true];
+    const AMD_ONLY: [bool; 2] = [false, true];
+    const IGNORED: [bool; 2] = [false, false];
+    // (what, the RULES row it shows or None, where, bits set, processor
+    // and EFER, reserved)
+    type Case = (
+        &'static str,
+        Option<usize>,
+        (u64, Level),
+        u64,
+        (bool, bool),
+        [bool; 2],
+    );
+    let table: [Case; 40] = [
+        ("PML4E: PS", Some(2), PML4E, 1 << 7, NXE, RSVD),
+        ("PML4E: bit 8", Some(3), PML4E, 1 << 8, NXE, AMD_ONLY),
+        (
+            "PML4E: bit 40 (MAXPHYADDR)",
+            Some(0),
+            PML4E,
+            1 << 40,
+            NXE,
+            RSVD,
+        ),
+        ("PML4E: bit 51", Some(0), PML4E, 1 << 51, NXE, RSVD),
+        ("PML4E: bit 52", None, PML4E, 1 << 52, NXE, IGNORED),
+        (
+            "PML4E: XD without EFER.NXE",
+            Some(1),
+            PML4E,
+            XD,
+            NO_NXE,
+            RSVD,
+        ),
+        ("PML4E: XD with EFER.NXE", None, PML4E, XD, NXE, IGNORED),
+        ("PDPTE: bit 8", None, PDPTE, 1 << 8, NXE, IGNORED),
+        ("PDPTE: bit 40", Some(0), PDPTE, 1 << 40, NXE, RSVD),
+        ("PDPTE: bit 58", None, PDPTE, 1 << 58, NXE, IGNORED),
+        (
+            "PDPTE: XD without EFER.NXE",
+            Some(1),
+            PDPTE,
+            XD,
+            NO_NXE,
+            RSVD,
+        ),
+        ("PDPTE: XD with EFER.NXE", None, PDPTE, XD, NXE, IGNORED),
+        (
+            "1 GiB PDPTE: PS with Page1GB",
+            None,
+            PDPTE_1G,
+            0,
+            NXE,
+            IGNORED,
+        ),
+        (
+            "1 GiB PDPTE: PS without Page1GB",
+            Some(4),
+            PDPTE_1G,
+            0,
+            NO_1G,
+            RSVD,
+        ),
+        ("1 GiB PDPTE: bit 13", Some(5), PDPTE_1G, 1 << 13, NXE, RSVD),
+        ("1 GiB PDPTE: bit 29", Some(5), PDPTE_1G, 1 << 29, NXE, RSVD),
+        (
+            "1 GiB PDPTE: bit 8 (G)",
+            None,
+            PDPTE_1G,
+            1 << 8,
+            NXE,
+            IGNORED,
+        ),
+        ("1 GiB PDPTE: bit 40", Some(0), PDPTE_1G, 1 << 40, NXE, RSVD),
+        (
+            "1 GiB PDPTE: XD without EFER.NXE",
+            Some(1),
+            PDPTE_1G,
+            XD,
+            NO_NXE,
+            RSVD,
+        ),
+        ("PDE: bit 8", None, PDE, 1 << 8, NXE, IGNORED),
+        ("PDE: bit 40", Some(0), PDE, 1 << 40, NXE, RSVD),
+        ("PDE: XD without EFER.NXE", Some(1), PDE, XD, NO_NXE, RSVD),
+        ("PDE: XD with EFER.NXE", None, PDE, XD, NXE, IGNORED),
+        ("2 MiB PDE: bit 13", Some(6), PDE_2M, 1 << 13, NXE, RSVD),
+        ("2 MiB PDE: bit 20", Some(6), PDE_2M, 1 << 20, NXE, RSVD),
+        ("2 MiB PDE: bit 8 (G)", None, PDE_2M, 1 << 8, NXE, IGNORED),
+        (
+            "2 MiB PDE: bit 12 (PAT)",
+            None,
+            PDE_2M,
+            1 << 12,
+            NXE,
+            IGNORED,
+        ),
+        ("2 MiB PDE: bit 40", Some(0), PDE_2M, 1 << 40, NXE, RSVD),
+        (
+            "2 MiB PDE: XD without EFER.NXE",
+            Some(1),
+            PDE_2M,
+            XD,
+            NO_NXE,
+            RSVD,
+        ),
+        ("PTE: bit 8 (G)", None, PTE, 1 << 8, NXE, IGNORED),
+        ("PTE: bit 7 (PAT)", None, PTE, 1 << 7, NXE, IGNORED),
+        (
+            "PTE: bit 39, an address bit",
+            None,
+            PTE,
+            1 << 39,
+            NXE,
+            IGNORED,
+        ),
+        ("PTE: bit 40", Some(0), PTE, 1 << 40, NXE, RSVD),
+        ("PTE: bit 47", Some(0), PTE, 1 << 47, NXE, RSVD),
+        ("PTE: bit 51", Some(0), PTE, 1 << 51, NXE, RSVD),
+        ("PTE: bit 52", None, PTE, 1 << 52, NXE, IGNORED),
+        (
+            "PTE: bit 62 without CR4.PKE",
+            None,
+            PTE,
+            1 << 62,
+            NXE,
+            IGNORED,
+        ),
+        ("PTE: XD without EFER.NXE", Some(1), PTE, XD, NO_NXE, RSVD),
+        ("PTE: XD with EFER.NXE", None, PTE, XD, NXE, IGNORED),
+        ("PTE: nothing set", None, PTE, 0, NO_NXE, IGNORED),
+    ];
+    for (name, rules) in vendors {
+        let vendor = String::from_utf8_lossy(name);
+        for (what, _, (address, level), bits, (nxe, page_1g), want) in table {
+            let caps = PagingCaps::from_cpuid(&cpuid(name, page_1g));
+            let efer = if nxe { EFER } else { EFER & !EFER_NXE };
+            let paging = Paging::from_regs(CR0, cr3, CR4_PAE, efer, caps, 0).unwrap();
+            let (slot, old) = entry_at(&mem, &paging, address, level).unwrap();
+            mem.write_obj(old | bits, GuestAddress(slot)).unwrap();
+            let got = GuestView::new(&mem, paging).translate(address, Access::UserWrite);
+            mem.write_obj(old, GuestAddress(slot)).unwrap();
+            if want[rules] {
+                assert!(
+                    matches!(got, Err(GuardError::ReservedBit { level: l, .. }) if l == level),
+                    "{vendor}, {what}: {got:?}"
+                );
+                assert_eq!(
+                    got.unwrap_err().fault(),
+                    GuestFault::PageFault {
+                        address,
+                        error_code: PF_PRESENT | PF_RESERVED | PF_USER | PF_WRITE,
+                    },
+                    "{vendor}, {what}"
+                );
+            } else {
+                assert!(got.is_ok(), "{vendor}, {what}: {got:?}");
+            }
+        }
+        assert_eq!(
+            Vendor::from_cpuid(&cpuid(name, true)),
+            [Vendor::Intel, Vendor::Amd][rules],
+            "{vendor}"
+        );
+    }
+    for (row, rule) in RULES.iter().enumerate() {
+        assert!(
+            table.iter().any(|case| case.1 == Some(row)),
+            "no case shows row {row}: {}",
+            rule.what
+        );
     }
 }
 

@@ -6,7 +6,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use lwpvmm::guard::{Access, GuestMemory, GuestView, Paging, PagingCaps};
+use lwpvmm::guard::{Access, GuestMemory, GuestView, Paging, PagingCaps, Vendor};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
 const ACCESSES: [Access; 6] = [
@@ -39,6 +39,7 @@ fuzz_target!(|data: &[u8]| {
     let cr0 = 0x8000_0001 | (u64_at(data, 8) & (1 << 16));
     let flags = data[16] >> 6 | data[17] << 2;
     let caps = PagingCaps {
+        vendor: if flags & 8 != 0 { Vendor::Amd } else { Vendor::Intel },
         maxphyaddr: data[16] % 64,
         page_1g: flags & 1 != 0,
         nx: flags & 2 != 0,

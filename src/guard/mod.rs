@@ -11,10 +11,12 @@ mod error;
 pub mod pagetable;
 pub mod paging;
 mod ram;
+pub mod reserved;
 mod view;
 
 pub use error::{GuardError, Level};
 pub use paging::{Access, Paging, PagingCaps, Translation};
+pub use reserved::Vendor;
 pub use view::GuestView;
 
 /// The guest memory type the VMM uses. Each region keeps a bitmap of the

@@ -1,9 +1,10 @@
 //! The page walker: guest-linear to guest-physical translation through the
 //! guest's own 4-level page tables, with the checks the CPU makes for each
 //! kind of access, and the Accessed/Dirty updates a CPU access would make.
-//! What the walk allows depends on what the guest's processor offers (1 GiB
-//! pages, NX, the physical-address width, protection keys), taken from the
-//! guest's own CPUID table, and on its control registers and PKRU.
+//! What the walk allows depends on what the guest's processor offers (its
+//! vendor, 1 GiB pages, NX, the physical-address width, protection keys),
+//! taken from the guest's own CPUID table, and on its control registers and
+//! PKRU; the reserved bits of each kind of entry are reserved.rs's table.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -13,6 +14,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryRegion, VolatileMemory};
 use super::GuestMemory;
 use super::error::{GuardError, Level};
 use super::ram::Ram;
+use super::reserved::{EntryKind, ReservedBits, Vendor, physical_width};
 use crate::lwp::cpuid::CpuidEntry;
 
 const PTE_PRESENT: u64 = 1 << 0;
@@ -82,6 +84,9 @@ impl Access {
 /// CPUID table the guest sees.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PagingCaps {
+    /// Whose reserved bits apply (CPUID leaf 0's vendor string): AMD's
+    /// reserve bit 8 of a PML4E, Intel's ignore it.
+    pub vendor: Vendor,
     /// The physical-address width (CPUID 0x8000_0008.EAX[7:0]).
     pub maxphyaddr: u8,
     /// 1 GiB pages (0x8000_0001.EDX[26]): without them PS in a PDPTE is a
@@ -97,9 +102,11 @@ pub struct PagingCaps {
 const DEFAULT_MAXPHYADDR: u8 = 36;
 
 impl PagingCaps {
-    /// What most x86-64 processors offer: 1 GiB pages, NX, 48 physical
-    /// address bits, no protection keys (tests, benchmarks, fuzzing).
+    /// What most x86-64 processors offer: Intel's reserved bits, 1 GiB
+    /// pages, NX, 48 physical address bits, no protection keys (tests,
+    /// benchmarks, fuzzing).
     pub const COMMON: PagingCaps = PagingCaps {
+        vendor: Vendor::Intel,
         maxphyaddr: 48,
         page_1g: true,
         nx: true,
@@ -107,11 +114,13 @@ impl PagingCaps {
     };
 
     /// The capabilities a CPUID table describes; a missing leaf offers
-    /// nothing (and the architectural 36-bit physical width).
+    /// nothing (Intel's rules without leaf 0, as KVM has them, and the
+    /// architectural 36-bit physical width).
     pub fn from_cpuid(table: &[CpuidEntry]) -> Self {
         let leaf = |leaf: u32| table.iter().find(|e| e.leaf == leaf && e.subleaf == 0);
         let ext = leaf(0x8000_0001);
         PagingCaps {
+            vendor: Vendor::from_cpuid(table),
             maxphyaddr: leaf(0x8000_0008).map_or(DEFAULT_MAXPHYADDR, |e| (e.eax & 0xff) as u8),
             page_1g: ext.is_some_and(|e| e.edx & (1 << 26) != 0),
             nx: ext.is_some_and(|e| e.edx & (1 << 20) != 0),
@@ -125,10 +134,9 @@ impl PagingCaps {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Paging {
     pml4: u64,
-    reserved_phys: u64,
+    reserved: ReservedBits,
     write_protect: bool,
     nx_enabled: bool,
-    page_1g: bool,
     smep: bool,
     smap: bool,
     pkru: Option<u32>,
@@ -157,14 +165,13 @@ impl Paging {
                 "5-level paging (CR4.LA57) is not supported",
             ));
         }
-        let width = u32::from(caps.maxphyaddr.clamp(32, 52));
-        let phys_mask = (1u64 << width) - 1;
+        let phys_mask = (1u64 << physical_width(caps.maxphyaddr)) - 1;
+        let nx_enabled = caps.nx && efer & EFER_NXE != 0;
         Ok(Paging {
             pml4: cr3 & PTE_ADDR & phys_mask,
-            reserved_phys: PTE_ADDR & !phys_mask,
+            reserved: ReservedBits::new(caps.vendor, caps.maxphyaddr, caps.page_1g, nx_enabled),
             write_protect: cr0 & CR0_WP != 0,
-            nx_enabled: caps.nx && efer & EFER_NXE != 0,
-            page_1g: caps.page_1g,
+            nx_enabled,
             smep: cr4 & CR4_SMEP != 0,
             smap: cr4 & CR4_SMAP != 0,
             pkru: (caps.pku && cr4 & CR4_PKE != 0).then_some(pkru),
@@ -309,8 +316,8 @@ fn walk(
                 access,
             });
         }
-        let leaf = level == Level::Pt || (entry & PTE_LARGE != 0 && level != Level::Pml4);
-        if entry & reserved_bits(paging, level, entry) != 0 {
+        let kind = EntryKind::of(level, entry);
+        if entry & paging.reserved.of(kind) != 0 {
             return Err(GuardError::ReservedBit {
                 address,
                 level,
@@ -325,7 +332,7 @@ fn walk(
         }
         no_execute |= paging.nx_enabled && entry & PTE_NX != 0;
         entries[depth] = (gpa, entry);
-        if leaf {
+        if kind.is_leaf() {
             let page_size = 1u64 << level.shift();
             let offset = address & (page_size - 1);
             let base = entry & PTE_ADDR & !(page_size - 1);
@@ -352,22 +359,6 @@ fn walk(
         table = entry & PTE_ADDR;
     }
     unreachable!("the page-table level loop always returns at Level::Pt")
-}
-
-fn reserved_bits(paging: &Paging, level: Level, entry: u64) -> u64 {
-    let mut reserved = paging.reserved_phys;
-    if !paging.nx_enabled {
-        reserved |= PTE_NX;
-    }
-    let large = entry & PTE_LARGE != 0;
-    reserved |= match level {
-        Level::Pml4 => PTE_LARGE,
-        Level::Pdpt if large && !paging.page_1g => PTE_LARGE,
-        Level::Pdpt if large => 0x3FFF_E000,
-        Level::Pd if large => 0x001F_E000,
-        _ => 0,
-    };
-    reserved
 }
 
 /// What the walk gathered on the way to the leaf.

@@ -1,7 +1,8 @@
-//! The guard's view of a vCPU's paging: what its processor offers (from the
-//! CPUID table the guest sees), its control registers, and, under CR4.PKE,
-//! its PKRU, taken from the vCPU's XSAVE state at each check (the guest
-//! changes PKRU with WRPKRU at CPL3, without an exit).
+//! The guard's view of a vCPU's paging: what its processor offers (its
+//! vendor and features, from the CPUID table the guest sees), its control
+//! registers, and, under CR4.PKE, its PKRU, taken from the vCPU's XSAVE
+//! state at each check (the guest changes PKRU with WRPKRU at CPL3, without
+//! an exit).
 
 use kvm_bindings::kvm_sregs;
 
@@ -81,6 +82,7 @@ pub fn pkru_in(image: &[u8], offset: usize) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::guard::Vendor;
 
     fn entry(leaf: u32, subleaf: u32, eax: u32, ebx: u32, ecx: u32, edx: u32) -> CpuidEntry {
         CpuidEntry {
@@ -95,7 +97,9 @@ mod tests {
 
     #[test]
     fn capabilities_come_from_the_cpuid_table() {
+        // Leaf 0: "AuthenticAMD" in EBX, EDX, ECX.
         let full = [
+            entry(0, 0, 0x10, 0x6874_7541, 0x444d_4163, 0x6974_6e65),
             entry(0x8000_0001, 0, 0, 0, 0, 1 << 26 | 1 << 20),
             entry(0x8000_0008, 0, 0x3030, 0, 0, 0),
             entry(7, 0, 0, 0, 1 << 3, 0),
@@ -105,6 +109,7 @@ mod tests {
         assert_eq!(
             s.caps(),
             PagingCaps {
+                vendor: Vendor::Amd,
                 maxphyaddr: 48,
                 page_1g: true,
                 nx: true,
@@ -116,6 +121,7 @@ mod tests {
         assert_eq!(
             none.caps(),
             PagingCaps {
+                vendor: Vendor::Intel,
                 maxphyaddr: 36,
                 page_1g: false,
                 nx: false,
