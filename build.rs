@@ -46,6 +46,10 @@ const GUESTS: &[&str] = &[
 ];
 
 /// Guests that share another guest's CPL0 part: (guest, assembly source).
+/// Guests written for the host's native supervisor mode: their own entry
+/// and link script (a 64-bit entry and the lwpvmm note), no shared runtime.
+const NATIVE_GUESTS: &[&str] = &["native"];
+
 const SHARED_KERNEL: &[(&str, &str)] = &[("sample_as", "twotask.S")];
 
 const CFLAGS: &[&str] = &[
@@ -122,6 +126,35 @@ fn main() {
                 "-T",
             ])
             .arg(dir.join("guest.ld"))
+            .arg("-o")
+            .arg(&elf)
+            .args(&objects));
+        writeln!(
+            table,
+            "    ({name:?}, include_bytes!({:?})),",
+            elf.display().to_string()
+        )
+        .unwrap();
+    }
+    for name in NATIVE_GUESTS {
+        let objects: Vec<PathBuf> = ["S", "c"]
+            .iter()
+            .map(|ext| {
+                let obj = out.join(format!("{name}_{ext}.o"));
+                compile(&dir.join(format!("{name}.{ext}")), &obj);
+                obj
+            })
+            .collect();
+        let elf = out.join(format!("{name}.elf"));
+        run(Command::new("ld")
+            .args([
+                "-m",
+                "elf_x86_64",
+                "-nostdlib",
+                "--no-warn-rwx-segments",
+                "-T",
+            ])
+            .arg(dir.join("native.ld"))
             .arg("-o")
             .arg(&elf)
             .args(&objects));

@@ -28,9 +28,13 @@
 //!   configured through the API against `lwpvmm run`, the vsock echo round
 //!   trip, and 64 MiB over vsock against 64 MiB of TCP over a tap.
 //!
+//! - the host's native supervisor mode (benches/native): the native
+//!   guest's CPL0 loop against its CPL3 loop and against the same loop
+//!   emulated, and a port exit from each mode.
+//!
 //! `cargo bench --bench vmm [-- WORD...]` (not run by CI; the words pick
 //! sections by name: round_trips, starts, snapshots, sampler, precise,
-//! linux_boot, linux_lwp, smp, devices, stock_kernel, firecracker). Cycle counts come from the
+//! linux_boot, linux_lwp, smp, devices, stock_kernel, firecracker, native). Cycle counts come from the
 //! guest's RDTSC, so the ratios do not depend on the TSC frequency. QEMU
 //! comes from `apt-get install qemu-system-x86`.
 
@@ -38,6 +42,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+mod native;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -2089,7 +2094,7 @@ fn main() {
         .skip(1)
         .filter(|a| !a.starts_with('-'))
         .collect();
-    let sections: [(&str, fn()); 13] = [
+    let sections: [(&str, fn()); 14] = [
         ("round_trips", round_trips),
         ("starts", starts),
         ("snapshots", snapshots),
@@ -2103,6 +2108,7 @@ fn main() {
         ("stock_kernel", stock_kernel),
         ("stock_kernel_breakpoint", stock_kernel_breakpoint),
         ("firecracker", firecracker),
+        ("native", native::native),
     ];
     for (name, section) in sections {
         if filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str())) {

@@ -20,7 +20,7 @@ use crate::profile::trace::TraceError;
 use crate::vmm::api::ApiConfig;
 use crate::vmm::base::seccomp::SeccompMode;
 use crate::vmm::boot::BootError;
-use crate::vmm::config::SyscallFixupMode;
+use crate::vmm::config::{SupervisorMode, SyscallFixupMode};
 use crate::vmm::devices::port_bus::SerialOut;
 use crate::vmm::devices::virtio::{DiskConfig, NetConfig};
 use crate::vmm::output::{OutputError, OutputKind};
@@ -222,6 +222,13 @@ pub struct HostArgs {
     /// page fault (docs/linux-guest.md).
     #[arg(long, value_enum, default_value_t = SyscallFixupArg::Auto)]
     pub syscall_fixup: SyscallFixupArg,
+    /// Where the guest kernel's supervisor code runs on a kvm_pvm host:
+    /// `auto` (on the CPU in the host's native supervisor mode when the
+    /// host offers it and the kernel declares itself written for it, else
+    /// in KVM's emulator), `native` (or an error saying why not),
+    /// `emulated` (docs/pv-abi.md, "Native supervisor mode").
+    #[arg(long, value_enum, default_value_t = SupervisorArg::Auto)]
+    pub supervisor: SupervisorArg,
 }
 
 /// A size: bytes, or a number with a K, M or G suffix (powers of 1024).
@@ -315,6 +322,7 @@ impl From<&HostArgs> for HostConfig {
                 external: false,
             },
             syscall_fixup: a.syscall_fixup.into(),
+            supervisor: a.supervisor.into(),
         }
     }
 }
@@ -481,6 +489,27 @@ impl From<SyscallFixupArg> for SyscallFixupMode {
             SyscallFixupArg::Auto => SyscallFixupMode::Auto,
             SyscallFixupArg::On => SyscallFixupMode::On,
             SyscallFixupArg::Off => SyscallFixupMode::Off,
+        }
+    }
+}
+
+/// `--supervisor`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SupervisorArg {
+    /// Native where the host offers it and the kernel declares it.
+    Auto,
+    /// Native, or an error.
+    Native,
+    /// Emulated.
+    Emulated,
+}
+
+impl From<SupervisorArg> for SupervisorMode {
+    fn from(a: SupervisorArg) -> Self {
+        match a {
+            SupervisorArg::Auto => SupervisorMode::Auto,
+            SupervisorArg::Native => SupervisorMode::Native,
+            SupervisorArg::Emulated => SupervisorMode::Emulated,
         }
     }
 }

@@ -115,6 +115,7 @@ fn host(settings: HostSettings, setup: &Setup, diff: bool) -> HostConfig {
             ..ApiConfig::default()
         },
         syscall_fixup: SyscallFixupMode::Auto,
+        supervisor: setup.lwp.supervisor,
     }
 }
 

@@ -273,6 +273,9 @@ pub struct Lwp {
     /// The trace file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace: Option<String>,
+    /// `auto` (the default), `native` or `emulated`: `--supervisor`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub supervisor: Option<String>,
 }
 
 /// `GET /`: `InstanceInfo`.

@@ -13,7 +13,7 @@ use super::model::{
     NetworkInterface, Vsock,
 };
 use crate::lwp::cpuid::{GuestLwpSupport, LwpProfile};
-use crate::vmm::config::DEFAULT_MEMORY_MIB;
+use crate::vmm::config::{DEFAULT_MEMORY_MIB, SupervisorMode};
 
 /// Firecracker's limit on vCPUs.
 pub const MAX_VCPUS: u64 = 32;
@@ -90,6 +90,8 @@ pub struct LwpSetup {
     pub sample_hz: u32,
     /// The trace file.
     pub trace: Option<PathBuf>,
+    /// Where the guest kernel's supervisor code runs.
+    pub supervisor: SupervisorMode,
 }
 
 impl Default for LwpSetup {
@@ -99,6 +101,7 @@ impl Default for LwpSetup {
             guest: GuestLwpSupport::Shim,
             sample_hz: DEFAULT_SAMPLE_HZ,
             trace: None,
+            supervisor: SupervisorMode::Auto,
         }
     }
 }
@@ -501,6 +504,19 @@ impl Setup {
         if let Some(hz) = lwp.sample_hz {
             next.sample_hz = hz;
         }
+        if let Some(s) = lwp.supervisor.as_deref() {
+            next.supervisor = match s {
+                "auto" => SupervisorMode::Auto,
+                "native" => SupervisorMode::Native,
+                "emulated" => SupervisorMode::Emulated,
+                other => {
+                    return Err(SetupError::Invalid {
+                        field: "supervisor",
+                        why: format!("`{other}` is not auto, native or emulated"),
+                    });
+                }
+            };
+        }
         next.trace = lwp.trace.as_ref().map(PathBuf::from);
         self.lwp = next;
         self.lwp_body = Some(lwp);
@@ -625,4 +641,36 @@ pub fn refuse_features(config: &FullConfig) -> Result<(), SetupError> {
         refuse(value, field, why)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_lwp_body_chooses_the_supervisor_mode() {
+        // (`supervisor`, the mode, or the refusal's words)
+        let table = [
+            (None, Ok(SupervisorMode::Auto)),
+            (Some("auto"), Ok(SupervisorMode::Auto)),
+            (Some("native"), Ok(SupervisorMode::Native)),
+            (Some("emulated"), Ok(SupervisorMode::Emulated)),
+            (Some("fast"), Err("`fast` is not auto, native or emulated")),
+        ];
+        for (given, want) in table {
+            let mut setup = Setup::default();
+            let got = setup
+                .lwp(Lwp {
+                    supervisor: given.map(str::to_owned),
+                    ..Lwp::default()
+                })
+                .map(|()| setup.lwp.supervisor)
+                .map_err(|e| e.to_string());
+            match (got, want) {
+                (Ok(mode), Ok(want)) => assert_eq!(mode, want, "{given:?}"),
+                (Err(text), Err(want)) => assert!(text.contains(want), "{text}"),
+                (got, want) => panic!("{given:?}: {got:?}, expected {want:?}"),
+            }
+        }
+    }
 }

@@ -284,6 +284,52 @@ pub struct LoadedKernel {
     /// them in the DSDT, as Debian's does. Describing them both ways would
     /// have a kernel that reads both register each device twice.
     pub cmdline_devices: bool,
+    /// The kernel runs in the host's native supervisor mode: it declares
+    /// itself able ([`declares_native`]) when loaded, and the builder
+    /// clears this when the VM runs emulated. Its boot page tables are
+    /// then user-accessible, as the mode needs.
+    pub native: bool,
+}
+
+/// The ELF note by which a kernel declares that it runs in native
+/// supervisor mode (docs/pv-abi.md, "Native supervisor mode"): name
+/// `lwpvmm`, this type, a 4-byte description holding the version of the
+/// mode's contract it follows.
+pub const NATIVE_NOTE_TYPE: u32 = 0x4c57_4e01;
+/// The note's name.
+pub const NATIVE_NOTE_NAME: &[u8] = b"lwpvmm";
+/// The contract's version a kernel's note must name.
+pub const NATIVE_NOTE_VERSION: u32 = 1;
+
+/// Whether an ELF kernel declares native supervisor mode: the lwpvmm note
+/// with version 1 in one of its PT_NOTE segments. Only a 64-bit entry
+/// (an ELF without a PVH note) can run native: the PVH entry starts with
+/// paging off.
+pub fn declares_native(image: &[u8]) -> bool {
+    use object::read::elf::{FileHeader, ProgramHeader};
+    let Ok(header) = object::elf::FileHeader64::<object::Endianness>::parse(image) else {
+        return false;
+    };
+    let Ok(endian) = header.endian() else {
+        return false;
+    };
+    let Ok(segments) = header.program_headers(endian, image) else {
+        return false;
+    };
+    segments.iter().any(|segment| {
+        let Ok(Some(mut notes)) = segment.notes(endian, image) else {
+            return false;
+        };
+        while let Ok(Some(note)) = notes.next() {
+            if note.name() == NATIVE_NOTE_NAME
+                && note.n_type(endian) == object::elf::NoteType(NATIVE_NOTE_TYPE)
+                && note.desc() == NATIVE_NOTE_VERSION.to_le_bytes()
+            {
+                return true;
+            }
+        }
+        false
+    })
 }
 
 /// Whether a kernel's bytes name the `virtio_mmio.device` parameter.
@@ -422,6 +468,7 @@ pub fn load_kernel(mem: &GuestMemory, image: &[u8]) -> Result<LoadedKernel, Boot
                 _ => Entry::Linux64(r.kernel_load.raw_value()),
             };
             return Ok(LoadedKernel {
+                native: matches!(entry, Entry::Linux64(_)) && declares_native(image),
                 entry,
                 end: r.kernel_end,
                 setup_header: None,
@@ -455,6 +502,7 @@ pub fn load_kernel(mem: &GuestMemory, image: &[u8]) -> Result<LoadedKernel, Boot
             // What its payload holds is not known here: the command line,
             // as before.
             cmdline_devices: true,
+            native: false,
         }),
         Err(bzimage) => Err(BootError::KernelFormat { elf, bzimage }),
     }
@@ -493,6 +541,7 @@ fn load_payload(
         setup_header: Some(header),
         decompressed: Some(format),
         cmdline_devices: names_cmdline_devices(&kernel.bytes),
+        native: declares_native(&kernel.bytes),
     })
 }
 
@@ -583,7 +632,7 @@ pub fn write_boot_info(
         Entry::Pvh(_) => write_pvh(mem, &map, initrd),
         Entry::Linux64(_) => {
             write_linux(mem, &map, kernel, cmdline_size, initrd)?;
-            build_identity_map(mem)
+            build_identity_map(mem, kernel.native)
         }
     }
 }
@@ -711,14 +760,20 @@ const SEL_CODE64: u16 = 0x08;
 const SEL_DATA: u16 = 0x10;
 const SEL_CODE32: u16 = 0x18;
 
-fn build_identity_map(mem: &GuestMemory) -> Result<(), BootError> {
+fn build_identity_map(mem: &GuestMemory, native: bool) -> Result<(), BootError> {
     // A PML4, a PDPT and four page directories of 2 MiB pages, each table
     // written whole: a walk through guest memory for each of the 2048
     // pages was most of a small kernel's start.
     const TABLE: u64 = 0x1000;
     const PAGE_SIZE_BIT: u64 = 1 << 7;
     const GIB: usize = 4;
-    let rw = PteFlags::KERNEL_RW.bits();
+    // Native supervisor mode runs the kernel in hardware ring 3: a page it
+    // touches without U=1 spins KVM_RUN forever.
+    let rw = if native {
+        PteFlags::USER_RW.bits()
+    } else {
+        PteFlags::KERNEL_RW.bits()
+    };
     let (pml4, pdpt, first_pd) = (PAGE_TABLES, PAGE_TABLES + TABLE, PAGE_TABLES + 2 * TABLE);
     let write = |at: u64, table: [u64; 512]| {
         let bytes: Vec<u8> = table.iter().flat_map(|e| e.to_le_bytes()).collect();
@@ -837,6 +892,40 @@ mod tests {
         ];
         for (ram, want) in table {
             assert_eq!(memory_map(&ram), want);
+        }
+    }
+
+    #[test]
+    fn a_kernel_declares_native_mode_by_its_note_and_a_64_bit_entry() {
+        // (guest, declares native supervisor mode)
+        let table = [("native", true), ("minimal", false), ("demo", false)];
+        for (name, native) in table {
+            let image = crate::guests::get(name).unwrap();
+            assert_eq!(declares_native(image), native, "{name}");
+            let mem = create_memory(64).unwrap();
+            assert_eq!(load_kernel(&mem, image).unwrap().native, native, "{name}");
+        }
+        // The note's version must be 1: a later contract is not this one.
+        let mut image = crate::guests::get("native").unwrap().to_vec();
+        let at = image
+            .windows(8)
+            .position(|w| w == b"lwpvmm\0\0")
+            .expect("the note's name")
+            + 8;
+        image[at..at + 4].copy_from_slice(&2u32.to_le_bytes());
+        assert!(!declares_native(&image));
+        assert!(!declares_native(b"not an ELF"));
+    }
+
+    #[test]
+    fn the_native_pages_are_not_ram_in_the_memory_map() {
+        use crate::vmm::vcpu::native::{PAGES_END, PAGES_START};
+        for (start, size, kind) in memory_map(&[(0, 64 << 20)]) {
+            let overlaps = start < PAGES_END && start + size > PAGES_START;
+            assert!(
+                !(overlaps && kind == E820_RAM),
+                "{start:#x}+{size:#x} is RAM over the native pages"
+            );
         }
     }
 
@@ -1121,6 +1210,7 @@ mod tests {
             setup_header: None,
             decompressed: None,
             cmdline_devices: true,
+            native: false,
         };
         write_boot_info(&mem, &k, "quiet", Some(&[1u8; 8192]), 1, &[]).unwrap();
         let params: boot_params = mem.read_obj(GuestAddress(ZERO_PAGE_ADDR)).unwrap();
@@ -1155,6 +1245,7 @@ mod tests {
             setup_header: None,
             decompressed: None,
             cmdline_devices: true,
+            native: false,
         };
         let big = vec![0u8; 12 << 20];
         let err = write_boot_info(&mem, &k, "", Some(&big), 1, &[]).unwrap_err();

@@ -9,23 +9,24 @@ use std::sync::OnceLock;
 use std::time::Instant;
 use vm_memory::GuestMemoryBackend;
 
-use kvm_ioctls::{Kvm, SyncReg, VcpuExit, VcpuFd};
+use kvm_ioctls::{Kvm, SyncReg, VcpuExit};
 
 use crate::guard::{Access, GuestMemory, GuestView};
 use crate::lwp::cpuid::{GuestLwpSupport, LwpFeatures, LwpProfile};
 use crate::vmm::base::pv::{DB_PORT, EXIT_PORT};
 use crate::vmm::boot;
-use crate::vmm::config::{HostConfig, RestoreConfig, VmConfig};
+use crate::vmm::config::{HostConfig, RestoreConfig, SupervisorMode, VmConfig};
 use crate::vmm::devices::port_bus::{POST_PORT, PortBus};
 use crate::vmm::devices::virtio::VirtioBus;
 use crate::vmm::error::{VmError, setup};
-use crate::vmm::machine::{self, MachineSpec, Restored};
+use crate::vmm::machine::{self, Machine, MachineSpec, Restored};
 use crate::vmm::output::RunOutputs;
 use crate::vmm::snapshot::{self, SnapshotError, VmSnapshot};
 use crate::vmm::vcpu::Vcpu;
 use crate::vmm::vcpu::VcpuOps;
 use crate::vmm::vcpu::cpuid;
 use crate::vmm::vcpu::guest_paging::PagingSource;
+use crate::vmm::vcpu::native;
 use crate::vmm::vcpu::privilege;
 use crate::vmm::vcpu::step::StepBackend;
 use crate::vmm::vcpu::vcpu_state;
@@ -62,7 +63,7 @@ pub fn build_for_boot(config: &VmConfig) -> Result<Vmm, VmError> {
         profile: config.profile,
         guest: config.guest,
     };
-    let machine = machine::create(
+    let mut machine = machine::create(
         &kvm,
         spec,
         console,
@@ -83,13 +84,12 @@ pub fn build_for_boot(config: &VmConfig) -> Result<Vmm, VmError> {
         cmdline = format!("{cmdline} entry={entry}").trim().to_owned();
     }
     boot_kernel(
-        &machine.mem,
-        machine.vcpus[0].kvm_fd(),
+        &mut machine,
         &config.kernel,
         &cmdline,
         Some(&virtio),
         config.initramfs.as_deref(),
-        config.vcpus,
+        config.host.supervisor,
     )?;
     Vmm::new(machine, virtio, outputs, &config.host)
 }
@@ -99,16 +99,38 @@ pub fn build_for_boot(config: &VmConfig) -> Result<Vmm, VmError> {
 /// command line (`virtio_mmio.device=`) when it names that parameter, as
 /// the project's kernel does, else in the DSDT, as a distribution kernel
 /// finds them.
+/// The supervisor mode is resolved here, where the kernel is known: in
+/// native mode every vCPU gets its page before it first runs.
 fn boot_kernel(
-    mem: &GuestMemory,
-    boot_vcpu: &VcpuFd,
+    machine: &mut Machine,
     image: &[u8],
     cmdline: &str,
     virtio: Option<&VirtioBus>,
     initramfs: Option<&[u8]>,
-    vcpus: u8,
+    supervisor: SupervisorMode,
 ) -> Result<(), VmError> {
-    let kernel = boot::load_kernel(mem, image)?;
+    let (mem, vcpus) = (&machine.mem, machine.spec.vcpus);
+    let boot_vcpu = machine.vcpus[0].kvm_fd();
+    let mut kernel = boot::load_kernel(mem, image)?;
+    kernel.native = supervisor.resolve(
+        native::host_offers(boot_vcpu),
+        kernel.native,
+        vcpus,
+        native::MAX_VCPUS,
+    )?;
+    machine.native = kernel.native;
+    if kernel.native {
+        for (index, vcpu) in (0u8..).zip(&machine.vcpus) {
+            native::enable(vcpu.kvm_fd(), index)?;
+        }
+        log::info!(
+            "the guest kernel runs in the host's native supervisor mode (--supervisor {})",
+            match supervisor {
+                SupervisorMode::Native => "native",
+                _ => "auto",
+            }
+        );
+    }
     let (cmdline, devices) = match virtio {
         Some(virtio) if kernel.cmdline_devices => {
             let line = format!("{cmdline} {}", virtio.cmdline());
@@ -202,6 +224,7 @@ pub fn build_from_snapshot(config: &RestoreConfig) -> Result<Vmm, VmError> {
     for region in machine.mem.iter() {
         vm_memory::MmapRegion::bitmap(region).reset();
     }
+    machine.native = restored_native(&snap, config.host.supervisor, machine.vcpus[0].kvm_fd())?;
     for (vcpu, saved) in machine.vcpus.iter_mut().zip(&snap.vcpus) {
         check_lwpcb(&machine.mem, vcpu, saved)?;
         vcpu_state::apply(vcpu.kvm_fd(), saved, machine.xsave_size)
@@ -222,6 +245,40 @@ pub fn build_from_snapshot(config: &RestoreConfig) -> Result<Vmm, VmError> {
         state_crc,
     });
     Ok(vmm)
+}
+
+/// Whether a snapshot's VM ran in native supervisor mode (its vCPUs saved
+/// the mode's MSR, each checked to name that vCPU's own page), and
+/// whether it may resume so here: `--supervisor` must not ask for the
+/// other mode, and a native one needs the host's mode.
+fn restored_native(
+    snap: &VmSnapshot,
+    supervisor: SupervisorMode,
+    vcpu: &kvm_ioctls::VcpuFd,
+) -> Result<bool, VmError> {
+    let mut native = false;
+    for saved in &snap.vcpus {
+        for &(index, value) in &saved.msrs {
+            if index == native::MSR_NATIVE {
+                native::check_saved(saved.id, value).map_err(SnapshotError::Mismatch)?;
+                native |= value != 0;
+            }
+        }
+    }
+    match (supervisor, native) {
+        (SupervisorMode::Emulated, true) => Err(SnapshotError::Mismatch(
+            "the snapshot's kernel runs in native supervisor mode, which --supervisor emulated refuses".into(),
+        )
+        .into()),
+        (SupervisorMode::Native, false) => Err(SnapshotError::Mismatch(
+            "the snapshot's kernel runs emulated, not in the native supervisor mode --supervisor native asks for".into(),
+        )
+        .into()),
+        (_, true) if !native::host_offers(vcpu) => Err(VmError::NativeRefused(
+            crate::vmm::config::NativeRefusal::HostLacks,
+        )),
+        _ => Ok(native),
+    }
 }
 
 /// The snapshot's vCPU count, refusing ids that are not 0..n in order.
@@ -332,13 +389,12 @@ fn probe_step_backend(kvm: &Kvm) -> Result<StepBackend, VmError> {
     )?;
     let probe = crate::guests::get("stepprobe").unwrap_or_default();
     boot_kernel(
-        &machine.mem,
-        machine.vcpus[0].kvm_fd(),
+        &mut machine,
         probe,
         "",
         None,
         None,
-        1,
+        SupervisorMode::Emulated,
     )?;
     let vcpu = machine.vcpus[0].kvm();
     vcpu.fd_mut().set_sync_valid_reg(SyncReg::SystemRegister);

@@ -101,6 +101,80 @@ pub struct HostConfig {
     pub api: crate::vmm::api::ApiConfig,
     /// Whether lwpvmm completes the SYSCALLs kvm_pvm leaves at CPL3.
     pub syscall_fixup: SyscallFixupMode,
+    /// Whether the guest kernel runs in the host's native supervisor mode.
+    pub supervisor: SupervisorMode,
+}
+
+/// Where the guest's supervisor code runs on a kvm_pvm host: in KVM's
+/// instruction emulator, or on the CPU in its native supervisor mode
+/// (docs/pv-abi.md, "Native supervisor mode"), which only a kernel written
+/// for it survives (every page it touches user-accessible, interrupts
+/// masked through its page, user mode entered through SYSRETQ).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SupervisorMode {
+    /// Native where the host offers the mode and the kernel declares
+    /// itself able; emulated otherwise.
+    #[default]
+    Auto,
+    /// Native, or an error that says why not.
+    Native,
+    /// Always emulated, as on a host without the mode.
+    Emulated,
+}
+
+/// Why the guest kernel cannot run in native supervisor mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum NativeRefusal {
+    /// The host's KVM has no native supervisor mode.
+    #[error(
+        "this host's KVM offers no native supervisor mode (MSR 0x4b564d11 does not read \"PVM\"): run with --supervisor auto or emulated"
+    )]
+    HostLacks,
+    /// The kernel does not declare that it was written for the mode.
+    #[error(
+        "the kernel does not declare native supervisor mode (no lwpvmm native note, docs/pv-abi.md): a kernel not written for the mode hangs in it; run with --supervisor auto or emulated"
+    )]
+    KernelLacks,
+    /// More vCPUs than the mode's reserved pages.
+    #[error("native supervisor mode takes at most {max} vCPUs (asked for {asked})")]
+    TooManyVcpus {
+        /// vCPUs asked for.
+        asked: u8,
+        /// The most it takes.
+        max: u8,
+    },
+}
+
+impl SupervisorMode {
+    /// Whether the guest runs native, given what the host offers, what the
+    /// kernel declares and how many vCPUs it has (at most `max_vcpus` in
+    /// native mode).
+    pub fn resolve(
+        self,
+        host_offers: bool,
+        kernel_declares: bool,
+        vcpus: u8,
+        max_vcpus: u8,
+    ) -> Result<bool, NativeRefusal> {
+        let refusal = if !host_offers {
+            Some(NativeRefusal::HostLacks)
+        } else if !kernel_declares {
+            Some(NativeRefusal::KernelLacks)
+        } else if vcpus > max_vcpus {
+            Some(NativeRefusal::TooManyVcpus {
+                asked: vcpus,
+                max: max_vcpus,
+            })
+        } else {
+            None
+        };
+        match (self, refusal) {
+            (SupervisorMode::Emulated, _) => Ok(false),
+            (SupervisorMode::Auto, Some(_)) => Ok(false),
+            (SupervisorMode::Native, Some(why)) => Err(why),
+            (_, None) => Ok(true),
+        }
+    }
 }
 
 /// Whether lwpvmm completes the SYSCALLs kvm_pvm leaves at CPL3
@@ -123,6 +197,16 @@ pub enum SyscallFixupMode {
 const KVM_PVM_MODULE: &str = "/sys/module/kvm_pvm";
 
 impl SyscallFixupMode {
+    /// Whether the fixup runs for a guest whose kernel runs in native
+    /// supervisor mode (`native`) or emulated: `auto` leaves it off in
+    /// native mode, where SYSCALL enters the kernel as it should.
+    pub fn enabled_for(self, native: bool) -> bool {
+        match self {
+            SyscallFixupMode::Auto if native => false,
+            mode => mode.enabled(),
+        }
+    }
+
     /// Whether the fixup runs on this host.
     pub fn enabled(self) -> bool {
         match self {
@@ -143,6 +227,7 @@ impl Default for HostConfig {
             profiling: Profiling::default(),
             api: Default::default(),
             syscall_fixup: SyscallFixupMode::default(),
+            supervisor: SupervisorMode::default(),
         }
     }
 }
@@ -198,4 +283,50 @@ pub struct SnapshotPlan {
     /// that snapshots after the first are diffs: planned ones go to `dir`'s
     /// numbered subdirectories (0 full, then diffs), the API's when asked.
     pub diff: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_supervisor_mode_follows_the_host_the_kernel_and_the_choice() {
+        use NativeRefusal::*;
+        use SupervisorMode::*;
+        let many = TooManyVcpus { asked: 65, max: 64 };
+        // (choice, host offers, kernel declares, vCPUs, native or why not)
+        let table = [
+            (Auto, true, true, 1, Ok(true)),
+            (Auto, false, true, 1, Ok(false)),
+            (Auto, true, false, 1, Ok(false)),
+            (Auto, true, true, 65, Ok(false)),
+            (Native, true, true, 64, Ok(true)),
+            (Native, false, true, 1, Err(HostLacks)),
+            (Native, true, false, 1, Err(KernelLacks)),
+            (Native, false, false, 1, Err(HostLacks)),
+            (Native, true, true, 65, Err(many)),
+            (Emulated, true, true, 1, Ok(false)),
+        ];
+        for (choice, host, kernel, vcpus, want) in table {
+            assert_eq!(
+                choice.resolve(host, kernel, vcpus, 64),
+                want,
+                "{choice:?} host {host} kernel {kernel} vCPUs {vcpus}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_syscall_fixup_is_off_for_a_native_kernel_unless_asked() {
+        // (mode, native, on): `auto` elsewhere depends on the host.
+        let table = [
+            (SyscallFixupMode::Auto, true, false),
+            (SyscallFixupMode::On, true, true),
+            (SyscallFixupMode::Off, false, false),
+            (SyscallFixupMode::On, false, true),
+        ];
+        for (mode, native, on) in table {
+            assert_eq!(mode.enabled_for(native), on, "{mode:?} native {native}");
+        }
+    }
 }

@@ -35,6 +35,7 @@ use crate::vmm::machine::MachineSpec;
 use crate::vmm::outcome::{RunOutcome, VmEnd, metrics_document};
 use crate::vmm::output::{RewriteFile, replace_json};
 use crate::vmm::snapshot::{self, MemoryLayout, ParentRef, SnapshotError, VmKvmState, VmSnapshot};
+use crate::vmm::vcpu::native::WATCH_PERIOD;
 use crate::vmm::vcpu::{Shared, VcpuEvent, VcpuHandle, VcpuResponse, VcpuStop};
 
 /// What the control thread needs of the VM itself, beside its vCPUs,
@@ -107,6 +108,8 @@ struct Seen {
     /// A vCPU found the SYSCALL quirk's entry: the others are kicked to
     /// set their breakpoint.
     syscall_entry: bool,
+    /// Time for a native guest's vCPUs to look where they are.
+    watch: bool,
 }
 
 /// The loop's descriptors.
@@ -117,6 +120,8 @@ struct Sources {
     syscall_entry: Option<EventFd>,
     timer: Option<TimerFd>,
     sampler: Option<TimerFd>,
+    /// A native guest's watch (`vcpu::native::Watch`).
+    watch: Option<TimerFd>,
     sigusr1: Option<UnixStream>,
     sigusr2: Option<UnixStream>,
     stop_signals: Option<StopSignals>,
@@ -147,6 +152,9 @@ impl MutEventSubscriber for Sources {
             seen.syscall_entry = true;
         } else if let Some(t) = self.sampler.as_mut().filter(|t| t.as_raw_fd() == fd) {
             seen.samples += t.wait().unwrap_or(0);
+        } else if let Some(t) = self.watch.as_mut().filter(|t| t.as_raw_fd() == fd) {
+            let _ = t.wait();
+            seen.watch = true;
         } else if let Some(t) = self.timer.as_mut().filter(|t| t.as_raw_fd() == fd) {
             let _ = t.wait();
             seen.snapshot.push("--snapshot-after");
@@ -175,6 +183,7 @@ impl MutEventSubscriber for Sources {
             self.timer
                 .iter()
                 .chain(&self.sampler)
+                .chain(&self.watch)
                 .map(AsRawFd::as_raw_fd),
         );
         fds.extend(
@@ -285,6 +294,16 @@ impl Control {
                     Ok::<_, VmError>(t)
                 })
                 .transpose()?,
+            watch: self
+                .shared
+                .native
+                .then(|| {
+                    let mut t = timer(None)?;
+                    t.reset(WATCH_PERIOD, Some(WATCH_PERIOD))
+                        .map_err(timer_error)?;
+                    Ok::<_, VmError>(t)
+                })
+                .transpose()?,
             // Always installed: without --metrics or --snapshot-dir the
             // signal is answered with a log line, never the default
             // action, which would end the VM.
@@ -334,6 +353,9 @@ impl Control {
                 // A halted vCPU has no exit of its own before it runs a
                 // process: the kick makes it set its breakpoint now.
                 self.vcpus.iter().for_each(VcpuHandle::kick);
+            }
+            if seen.watch && !paused {
+                self.vcpus.iter().for_each(VcpuHandle::kick_watch);
             }
             if seen.samples > 0 && !paused {
                 let every = self.shared.recorder.whole_guest();

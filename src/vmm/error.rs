@@ -44,6 +44,12 @@ pub enum VmError {
     /// A setting that needs another one.
     #[error("{0}")]
     Config(&'static str),
+    /// `--supervisor native` where the VM cannot run native.
+    #[error("--supervisor native: {0}")]
+    NativeRefused(#[from] crate::vmm::config::NativeRefusal),
+    /// Native supervisor mode could not be set up.
+    #[error(transparent)]
+    Native(#[from] crate::vmm::vcpu::native::NativeError),
     /// A virtio device could not be set up.
     #[error(transparent)]
     Virtio(#[from] crate::vmm::devices::virtio::VirtioError),

@@ -69,6 +69,9 @@ pub struct Machine {
     pub msr_indices: Vec<u32>,
     /// What it was made of.
     pub spec: MachineSpec,
+    /// Its kernel runs in the host's native supervisor mode (set when the
+    /// kernel is booted).
+    pub native: bool,
 }
 
 /// Opens KVM and checks every capability lwpvmm relies on.
@@ -222,6 +225,7 @@ pub fn create(
         xsave_size,
         msr_indices,
         spec,
+        native: false,
     })
 }
 

@@ -28,6 +28,7 @@ use crate::vmm::error::VmError;
 use crate::vmm::machine::{Machine, MachineSpec};
 use crate::vmm::outcome::RunOutcome;
 use crate::vmm::output::RunOutputs;
+use crate::vmm::vcpu::native;
 use crate::vmm::vcpu::syscall_quirk::SyscallFixup;
 use crate::vmm::vcpu::{Shared, Vcpu, VcpuEvent, VcpuHandle, kick_handler};
 
@@ -78,7 +79,13 @@ impl Vmm {
             xsave_size,
             msr_indices,
             spec,
+            native,
         } = machine;
+        let mut msr_indices = msr_indices;
+        if native && !msr_indices.contains(&native::MSR_NATIVE) {
+            // Saved with the vCPUs, so a snapshot resumes native.
+            msr_indices.push(native::MSR_NATIVE);
+        }
         if host.snapshots.on_port {
             bus.claim_snapshot_port();
         }
@@ -109,15 +116,18 @@ impl Vmm {
             recorder: Arc::clone(&recorder),
             exit: eventfd()?,
             snapshot_point: eventfd()?,
+            // In native mode SYSCALL switches to the kernel as it should:
+            // the quirk is emulated mode's (`auto` leaves it off there).
             syscall_fixup: host
                 .syscall_fixup
-                .enabled()
+                .enabled_for(native)
                 .then(SyscallFixup::new)
                 .transpose()
                 .map_err(|source| VmError::Thread {
                     what: "control",
                     source,
                 })?,
+            native,
         });
         if host.snapshots.diff {
             crate::vmm::machine::log_dirty_pages(&vm, &shared.mem)?;

@@ -253,5 +253,6 @@ pub fn shared(snapshot_port: bool) -> Arc<Shared> {
         exit: eventfd(),
         snapshot_point: eventfd(),
         syscall_fixup: None,
+        native: false,
     })
 }

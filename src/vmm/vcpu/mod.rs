@@ -3,7 +3,8 @@
 //! the definitions up to the thread:
 //!
 //! - definitions: `segment`, `topology`, `step` (what one step retires),
-//!   `lwp_insn` (emulating one LWP instruction), `guest_paging`, `cpuid`;
+//!   `lwp_insn` (emulating one LWP instruction), `guest_paging`, `cpuid`,
+//!   `native` (the host's native supervisor mode);
 //! - state: `step_state`, `lwp_state`, `vcpu_state` (a vCPU's saved KVM
 //!   state), `protocol` (what the thread and the VMM say), `ops` (the vCPU
 //!   behind a trait, real or fake), `privilege`, `syscall_quirk` (kvm_pvm's
@@ -33,6 +34,7 @@ mod kernel_insn;
 mod lwp;
 pub mod lwp_insn;
 mod lwp_state;
+pub mod native;
 mod ops;
 mod pf_entry;
 pub mod privilege;

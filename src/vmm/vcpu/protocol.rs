@@ -12,6 +12,18 @@ use crate::vmm::vcpu::vcpu_state::VcpuSnapshot;
 /// Why a vCPU stopped the VM with an error.
 #[derive(Debug, Error)]
 pub enum VcpuError {
+    /// A native guest's vCPU spins inside KVM_RUN on a supervisor-only page.
+    #[error(
+        "vCPU {vcpu} stopped making progress at RIP {rip:#x} in the host's native supervisor mode: the kernel maps that page without U=1 (its {level:?} entry), which the mode cannot run (KVM_RUN spins there with no exit); a kernel for the mode maps every page it touches user-accessible (docs/pv-abi.md, \"Native supervisor mode\")"
+    )]
+    NativeStuck {
+        /// The vCPU.
+        vcpu: u8,
+        /// Where it spins.
+        rip: u64,
+        /// The level of the entry without U.
+        level: crate::guard::Level,
+    },
     /// KVM_RUN failed.
     #[error("vCPU {vcpu}: KVM_RUN failed: {source}")]
     Run {

@@ -21,12 +21,14 @@ use super::exit::{Devices, ExitAction, act, handle_exit};
 use super::host_sample;
 use super::lwp;
 use super::lwp_state::VcpuLwp;
+use super::native;
 use super::ops::{KvmVcpu, VcpuRun};
 use super::pf_entry;
 use super::protocol::{VcpuError, VcpuEvent, VcpuResponse, VcpuStep, VcpuStop, VcpuThreadResult};
 use super::run_state::{self, Reply, RunState, Transition};
 use super::syscall_quirk::SyscallFixup;
-use crate::guard::GuestMemory;
+use crate::guard::paging::{Marking, translate};
+use crate::guard::{Access, GuestMemory};
 use crate::lwp::cpuid::{CpuidEntry, LwpFeatures};
 use crate::lwp::unit::LwpUnit;
 use crate::vmm::base::metrics::VcpuMetrics;
@@ -60,6 +62,9 @@ pub struct Shared {
     pub snapshot_point: EventFd,
     /// The SYSCALL quirk's fixup, when it is on.
     pub syscall_fixup: Option<SyscallFixup>,
+    /// The kernel runs in the host's native supervisor mode: the control
+    /// thread watches each vCPU ([`native::Watch`]).
+    pub native: bool,
 }
 
 thread_local! {
@@ -123,6 +128,7 @@ struct Mailbox {
     responses: Sender<VcpuResponse>,
     pending: Arc<AtomicBool>,
     sample_due: Arc<AtomicBool>,
+    watch_due: Arc<AtomicBool>,
     clock_armed: Arc<AtomicBool>,
 }
 
@@ -187,12 +193,14 @@ impl<V: VcpuRun + 'static> Vcpu<V> {
         let (responses, response_rx) = channel();
         let pending = Arc::new(AtomicBool::new(false));
         let sample_due = Arc::new(AtomicBool::new(false));
+        let watch_due = Arc::new(AtomicBool::new(false));
         let clock_armed = Arc::new(AtomicBool::new(false));
         let mailbox = Mailbox {
             events,
             responses,
             pending: Arc::clone(&pending),
             sample_due: Arc::clone(&sample_due),
+            watch_due: Arc::clone(&watch_due),
             clock_armed: Arc::clone(&clock_armed),
         };
         let name = format!("vcpu{}", self.id());
@@ -218,6 +226,7 @@ impl<V: VcpuRun + 'static> Vcpu<V> {
             responses: response_rx,
             pending,
             sample_due,
+            watch_due,
             clock_armed,
         })
     }
@@ -245,6 +254,7 @@ impl<V: VcpuRun + 'static> Vcpu<V> {
 
     fn exits(&mut self, shared: &Shared, mailbox: &Mailbox) -> Result<VcpuStop, VcpuError> {
         let mut hold = false;
+        let mut watch = native::Watch::default();
         loop {
             if shared.stop.load(Ordering::Acquire) {
                 return Ok(VcpuStop::Stopped);
@@ -293,6 +303,9 @@ impl<V: VcpuRun + 'static> Vcpu<V> {
                     let _ = shared.snapshot_point.write(1);
                 }
                 VcpuStep::Interrupted => {
+                    if mailbox.watch_due.swap(false, Ordering::AcqRel) {
+                        watch_native(&mut cx, &mut watch, id)?;
+                    }
                     if mailbox.sample_due.swap(false, Ordering::AcqRel) {
                         sampled = Some(Instant::now());
                         let cycles = self.clock.cycles(cx.vcpu.guest_tsc());
@@ -459,6 +472,23 @@ impl<V: VcpuRun + 'static> Vcpu<V> {
     }
 }
 
+/// One look of a native guest's watch ([`native::Watch`]): ends the vCPU
+/// with the cause when it spins where the mode cannot run.
+fn watch_native(cx: &mut ExitCx<'_>, watch: &mut native::Watch, vcpu: u8) -> Result<(), VcpuError> {
+    let (regs, sregs) = (cx.vcpu.regs(), cx.vcpu.sregs());
+    let fetch = cx.vcpu.paging(&sregs).and_then(|paging| {
+        translate(cx.mem, &paging, regs.rip, Access::UserFetch, Marking::Probe).map(drop)
+    });
+    match watch.look(regs.rip, fetch) {
+        Some(stuck) => Err(VcpuError::NativeStuck {
+            vcpu,
+            rip: stuck.rip,
+            level: stuck.level,
+        }),
+        None => Ok(()),
+    }
+}
+
 /// The VMM's side of a running vCPU.
 pub struct VcpuHandle {
     thread: JoinHandle<VcpuThreadResult>,
@@ -466,6 +496,7 @@ pub struct VcpuHandle {
     responses: Receiver<VcpuResponse>,
     pending: Arc<AtomicBool>,
     sample_due: Arc<AtomicBool>,
+    watch_due: Arc<AtomicBool>,
     clock_armed: Arc<AtomicBool>,
 }
 
@@ -492,6 +523,13 @@ impl VcpuHandle {
             self.sample_due.store(true, Ordering::Release);
             self.kick();
         }
+    }
+
+    /// Asks a native guest's vCPU to look where it is
+    /// ([`native::Watch`]).
+    pub fn kick_watch(&self) {
+        self.watch_due.store(true, Ordering::Release);
+        self.kick();
     }
 
     /// Makes KVM_RUN return (or not enter).

@@ -1,0 +1,218 @@
+//! The host's native supervisor mode (docs/pv-abi.md, "Native supervisor mode"), through the
+//! `native` guest: a kernel that declares the mode runs its CPL0 code on the CPU and reaches
+//! user mode by SYSRETQ; `--supervisor` chooses, and refuses what cannot run native with the
+//! reason; a kernel page without U=1 ends the run with its cause instead of hanging it; a
+//! snapshot resumes native. Which mode a run got is read from the guest itself: RDMSR of the
+//! mode's MSR gives its page in native mode and 0 emulated. These tests need a kvm_pvm host
+//! with the mode (this project's hosts); elsewhere they fail saying so.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use common::{RUN_LIMIT, output_within, require_kvm};
+use lwpvmm::vmm::vcpu::native;
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("native-{name}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Fails the test, saying why, on a host without the mode.
+fn require_native() {
+    require_kvm();
+    let kvm = kvm_ioctls::Kvm::new().unwrap();
+    let vm = kvm.create_vm().unwrap();
+    let vcpu = vm.create_vcpu(0).unwrap();
+    assert!(
+        native::host_offers(&vcpu),
+        "this test needs a host whose KVM offers native supervisor mode (kvm_pvm: MSR 0x4b564d11 reads \"PVM\"), as this project's hosts do"
+    );
+}
+
+fn guest(dir: &Path, name: &str) -> PathBuf {
+    let elf = dir.join(format!("{name}.elf"));
+    std::fs::write(&elf, lwpvmm::guests::get(name).unwrap()).unwrap();
+    elf
+}
+
+fn lwpvmm(args: &[&str]) -> Output {
+    output_within(common::command().args(args), RUN_LIMIT)
+}
+
+fn run(kernel: &Path, supervisor: &str, cmdline: &str, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "run",
+        "--kernel",
+        kernel.to_str().unwrap(),
+        "--memory",
+        "64",
+        "--supervisor",
+        supervisor,
+        "--cmdline",
+        cmdline,
+    ];
+    args.extend_from_slice(extra);
+    lwpvmm(&args)
+}
+
+fn text(out: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// What vCPU 0's kernel reads of the mode's MSR in native mode.
+fn native_page_line() -> String {
+    format!(
+        "native: MSR 0x4b564d10 reads {:#x}\n",
+        native::page_of(0).unwrap()
+    )
+}
+
+#[test]
+fn a_kernel_that_declares_the_mode_runs_native_and_reaches_user_mode_by_sysret() {
+    require_native();
+    let dir = scratch("runs");
+    let kernel = guest(&dir, "native");
+    // (--supervisor, the line the kernel prints of the mode's MSR)
+    let table = [
+        ("native", native_page_line()),
+        ("auto", native_page_line()),
+        ("emulated", "native: MSR 0x4b564d10 reads 0x0\n".to_owned()),
+    ];
+    for (supervisor, msr) in table {
+        // CPL3 is entered by SYSRETQ, which only the native run needs.
+        let user = if supervisor == "emulated" { 0 } else { 1 };
+        let cmdline = format!("probe=1 iterations=100000 exits=10 user={user}");
+        let out = run(&kernel, supervisor, &cmdline, &[]);
+        let (console, err) = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{supervisor}: {console}{err}");
+        assert!(
+            console.contains(&msr),
+            "{supervisor}: `{msr}` not in {console}"
+        );
+        let mut lines = vec![
+            "native: cpl0 loop 100000 iterations in ",
+            "native: port exits 10 exits in ",
+        ];
+        if user == 1 {
+            lines.push("native: cpl3 loop 100000 iterations in ");
+        }
+        for line in lines {
+            assert!(
+                console.contains(line),
+                "{supervisor}: `{line}` not in {console}"
+            );
+        }
+    }
+}
+
+#[test]
+fn supervisor_native_refuses_what_cannot_run_native_and_auto_runs_it_emulated() {
+    require_native();
+    let dir = scratch("refusals");
+    let (native_kernel, minimal) = (guest(&dir, "native"), guest(&dir, "minimal"));
+    // (kernel, --supervisor, extra arguments, exit status, what stderr says)
+    let table: [(&Path, &str, &[&str], i32, &str); 3] = [
+        (
+            &minimal,
+            "native",
+            &[],
+            2,
+            "--supervisor native: the kernel does not declare native supervisor mode",
+        ),
+        (
+            &native_kernel,
+            "native",
+            &["--vcpus", "65"],
+            2,
+            "native supervisor mode takes at most 64 vCPUs (asked for 65)",
+        ),
+        (&minimal, "auto", &[], 1, ""),
+    ];
+    for (kernel, supervisor, extra, status, want) in table {
+        let out = run(kernel, supervisor, "", extra);
+        let (console, err) = text(&out);
+        assert_eq!(
+            out.status.code(),
+            Some(status),
+            "{supervisor} {extra:?}: {console}{err}"
+        );
+        assert!(err.contains(want), "`{want}` not in: {err}");
+    }
+}
+
+#[test]
+fn a_kernel_page_without_u_ends_the_run_with_its_cause() {
+    require_native();
+    let dir = scratch("u0");
+    let kernel = guest(&dir, "native");
+    let out = run(&kernel, "native", "supervisor_page=1", &[]);
+    let (console, err) = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{console}{err}");
+    assert!(
+        console.contains("native: mapping my own code supervisor-only")
+            && !console.contains("still running"),
+        "{console}"
+    );
+    for want in [
+        "vCPU 0 stopped making progress at RIP 0x",
+        "the kernel maps that page without U=1 (its Pd entry)",
+    ] {
+        assert!(err.contains(want), "`{want}` not in: {err}");
+    }
+}
+
+#[test]
+fn a_native_snapshot_resumes_native_and_is_refused_emulated() {
+    require_native();
+    let dir = scratch("snapshot");
+    let kernel = guest(&dir, "native");
+    let snap = dir.join("snap");
+    let taken = run(
+        &kernel,
+        "native",
+        "snap=1 probe=1 iterations=100000 exits=10 user=1",
+        &[
+            "--snapshot-dir",
+            snap.to_str().unwrap(),
+            "--snapshot-on-port",
+        ],
+    );
+    let (console, err) = text(&taken);
+    assert_eq!(taken.status.code(), Some(1), "{console}{err}");
+    let state = lwpvmm::vmm::snapshot::read_state(&snap).unwrap();
+    let saved = state.vcpus[0]
+        .msrs
+        .iter()
+        .find(|(index, _)| *index == native::MSR_NATIVE)
+        .map(|&(_, value)| value & !0xfff);
+    assert_eq!(saved, native::page_of(0), "the snapshot keeps the mode");
+
+    let restored = lwpvmm(&["restore", snap.to_str().unwrap()]);
+    let (console, err) = text(&restored);
+    assert_eq!(restored.status.code(), Some(1), "{console}{err}");
+    assert!(
+        console.starts_with(&native_page_line()) && console.contains("native: cpl3 loop "),
+        "the restored kernel runs on from the snapshot point, native:\n{console}"
+    );
+    let refused = lwpvmm(&[
+        "restore",
+        snap.to_str().unwrap(),
+        "--supervisor",
+        "emulated",
+    ]);
+    let (console, err) = text(&refused);
+    assert_eq!(refused.status.code(), Some(2), "{console}{err}");
+    assert!(
+        err.contains("runs in native supervisor mode, which --supervisor emulated refuses"),
+        "{err}"
+    );
+}
