@@ -111,7 +111,33 @@ fn a_kernel_that_declares_the_mode_runs_native_and_reaches_user_mode_by_sysret()
                 "{supervisor}: `{line}` not in {console}"
             );
         }
+        if supervisor != "emulated" {
+            // Its CPUID shows the host's leaves: the VM's are in its page.
+            for line in vm_leaves() {
+                assert!(console.contains(&line), "`{line}` not in {console}");
+            }
+        }
     }
+}
+
+/// The lines the native guest prints of the VM's lwpvmm and LWP leaves
+/// (the default LWP profile, the shim guest), from lwpvmm's own table.
+fn vm_leaves() -> Vec<String> {
+    let table = lwpvmm::vmm::machine::cpuid_table(
+        lwpvmm::lwp::cpuid::LwpProfile::Emulated,
+        lwpvmm::lwp::cpuid::GuestLwpSupport::Shim,
+    )
+    .unwrap();
+    [0x4000_0100, 0x8000_001c]
+        .iter()
+        .map(|&leaf| {
+            let e = table.iter().find(|e| e.leaf == leaf).unwrap();
+            format!(
+                "native: leaf {leaf:#x}: eax={:#x} ebx={:#x} ecx={:#x} edx={:#x}\n",
+                e.eax, e.ebx, e.ecx, e.edx
+            )
+        })
+        .collect()
 }
 
 #[test]

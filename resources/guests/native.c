@@ -4,7 +4,8 @@
  * loop at CPL0 and, with `user=1`, at CPL3 (entered by SYSRETQ), then
  * `exits=K` port exits at CPL0, prints the TSC cycles of each, and ends
  * through the exit port. `probe=1` first prints what RDMSR of the mode's
- * MSR gives the kernel (a host without the MSR would #GP); `snap=1` before
+ * MSR gives the kernel (a host without the MSR would #GP) and, in native
+ * mode, lwpvmm's and LWP's CPUID leaves from its page; `snap=1` before
  * that writes the snapshot debug port (a snapshot there, with
  * --snapshot-on-port). `supervisor_page=1`
  * then breaks the mode's first rule: it clears U in the boot page
@@ -24,6 +25,8 @@ typedef unsigned long long u64;
 #define MSR_NATIVE 0x4b564d10
 #define EXIT_PORT  0xf4
 #define SNAPSHOT_PORT 0x5a
+#define NATIVE_INFO 0x100
+#define NATIVE_INFO_MAGIC 0x4e50574c /* "LWPN" */
 #define SERIAL     0x3f8
 
 u64 spin(u64 n);
@@ -84,6 +87,35 @@ static u64 arg(const char *key, u64 fallback)
     return fallback;
 }
 
+/* The VM's CPUID leaves lwpvmm put in the page (its kernel-mode CPUID
+ * shows the host's): lwpvmm's signature and LWP's leaf. */
+static void print_leaves(const u32 *info)
+{
+    if (info[0] != NATIVE_INFO_MAGIC || info[1] != 1) {
+        puts("native: no CPUID table in the page\n");
+        return;
+    }
+    puts("native: the page holds ");
+    put_num(info[2], 10);
+    puts(" CPUID leaves\n");
+    for (u32 i = 0; i < info[2]; i++) {
+        const u32 *e = info + 4 + 6 * i;
+        if (e[0] != 0x40000100 && e[0] != 0x8000001c)
+            continue;
+        puts("native: leaf 0x");
+        put_num(e[0], 16);
+        puts(": eax=0x");
+        put_num(e[2], 16);
+        puts(" ebx=0x");
+        put_num(e[3], 16);
+        puts(" ecx=0x");
+        put_num(e[4], 16);
+        puts(" edx=0x");
+        put_num(e[5], 16);
+        puts("\n");
+    }
+}
+
 static void report(const char *what, u64 count, const char *unit, u64 cycles)
 {
     puts(what);
@@ -100,9 +132,12 @@ void native_main(const u8 *zero_page)
     if (arg("snap", 0))
         outb(SNAPSHOT_PORT, 0);
     if (arg("probe", 0)) {
+        u64 page = rdmsr(MSR_NATIVE);
         puts("native: MSR 0x4b564d10 reads 0x");
-        put_num(rdmsr(MSR_NATIVE), 16);
+        put_num(page, 16);
         puts("\n");
+        if (page)
+            print_leaves((const u32 *)(page + NATIVE_INFO));
     }
     if (arg("supervisor_page", 0)) {
         puts("native: mapping my own code supervisor-only\n");

@@ -121,6 +121,9 @@ fn boot_kernel(
     machine.native = kernel.native;
     if kernel.native {
         for (index, vcpu) in (0u8..).zip(&machine.vcpus) {
+            // The kernel's CPUID shows the host's leaves in the mode: it
+            // reads the VM's, LWP's and lwpvmm's included, in its page.
+            native::write_info(&machine.mem, index, vcpu.cpuid())?;
             native::enable(vcpu.kvm_fd(), index)?;
         }
         log::info!(

@@ -9,6 +9,10 @@
 use kvm_bindings::{Msrs, kvm_msr_entry};
 use kvm_ioctls::VcpuFd;
 use thiserror::Error;
+use vm_memory::{Bytes, GuestAddress};
+
+use crate::guard::GuestMemory;
+use crate::lwp::cpuid::CpuidEntry;
 
 /// The per-vCPU page's address and the mode's flag bits.
 pub const MSR_NATIVE: u32 = 0x4b56_4d10;
@@ -27,6 +31,24 @@ pub const PAGES_END: u64 = 0xE_0000;
 /// The vCPUs native mode takes: one page each in the area.
 pub const MAX_VCPUS: u8 = ((PAGES_END - PAGES_START) / 4096) as u8;
 
+/// Where in each vCPU's page lwpvmm puts the VM's CPUID table for the
+/// kernel (the host uses the first 16 bytes), which cannot read it with
+/// CPUID in the mode: a header, then the entries.
+pub const INFO_OFFSET: u64 = 0x100;
+/// The header's first word: "LWPN".
+pub const INFO_MAGIC: u32 = u32::from_le_bytes(*b"LWPN");
+/// The layout's version.
+pub const INFO_VERSION: u32 = 1;
+/// Bytes of the header (magic, version, count, reserved) and of an entry
+/// (leaf, subleaf, EAX, EBX, ECX, EDX, each a u32).
+const INFO_HEADER: u64 = 16;
+const INFO_ENTRY: u64 = 24;
+// The table must lie after the host's `struct pvm_vif` (16 bytes).
+const _: () = assert!(INFO_OFFSET >= 16);
+
+/// The entries that fit in the page.
+pub const INFO_CAPACITY: usize = ((4096 - INFO_OFFSET - INFO_HEADER) / INFO_ENTRY) as usize;
+
 /// Why native mode could not be set up on a vCPU.
 #[derive(Debug, Error)]
 pub enum NativeError {
@@ -38,6 +60,24 @@ pub enum NativeError {
         /// Why.
         source: kvm_ioctls::Error,
     },
+    /// The vCPU's CPUID table does not fit its page.
+    #[error(
+        "vCPU {vcpu}: its CPUID table has {entries} entries, more than the {INFO_CAPACITY} its native page holds"
+    )]
+    TableTooLarge {
+        /// The vCPU.
+        vcpu: u8,
+        /// The table's entries.
+        entries: usize,
+    },
+    /// The page could not be written.
+    #[error("vCPU {vcpu}: writing its native page failed: {why}")]
+    Page {
+        /// The vCPU.
+        vcpu: u8,
+        /// Why.
+        why: String,
+    },
     /// KVM took none of the MSR.
     #[error("vCPU {vcpu}: KVM did not take the native supervisor page {value:#x}")]
     Refused {
@@ -46,6 +86,40 @@ pub enum NativeError {
         /// The value written.
         value: u64,
     },
+}
+
+/// The bytes of vCPU `index`'s CPUID table as its page holds it at
+/// [`INFO_OFFSET`] (docs/pv-abi.md, "Native supervisor mode").
+pub fn info_bytes(index: u8, table: &[CpuidEntry]) -> Result<Vec<u8>, NativeError> {
+    if table.len() > INFO_CAPACITY {
+        return Err(NativeError::TableTooLarge {
+            vcpu: index,
+            entries: table.len(),
+        });
+    }
+    let count = u32::try_from(table.len()).unwrap_or(u32::MAX);
+    let header = [INFO_MAGIC, INFO_VERSION, count, 0];
+    let words = table
+        .iter()
+        .flat_map(|e| [e.leaf, e.subleaf, e.eax, e.ebx, e.ecx, e.edx]);
+    Ok(header
+        .into_iter()
+        .chain(words)
+        .flat_map(u32::to_le_bytes)
+        .collect())
+}
+
+/// Writes vCPU `index`'s CPUID table into its page.
+pub fn write_info(mem: &GuestMemory, index: u8, table: &[CpuidEntry]) -> Result<(), NativeError> {
+    let page = page_of(index).ok_or(NativeError::Refused {
+        vcpu: index,
+        value: 0,
+    })?;
+    mem.write_slice(&info_bytes(index, table)?, GuestAddress(page + INFO_OFFSET))
+        .map_err(|e| NativeError::Page {
+            vcpu: index,
+            why: e.to_string(),
+        })
 }
 
 /// The page of vCPU `index`.
@@ -170,6 +244,29 @@ impl Watch {
 mod tests {
     use super::*;
     use crate::guard::{Access, GuardError, Level};
+
+    #[test]
+    fn the_page_holds_the_cpuid_table_after_the_hosts_bytes() {
+        let entry = |leaf| CpuidEntry {
+            leaf,
+            subleaf: 0,
+            eax: 1,
+            ebx: 2,
+            ecx: 3,
+            edx: 4,
+        };
+        let bytes = info_bytes(0, &[entry(0x4000_0100), entry(0x8000_001c)]).unwrap();
+        let word = |i: usize| u32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().unwrap());
+        assert_eq!(bytes.len(), 16 + 2 * 24);
+        assert_eq!([word(0), word(1), word(2)], [INFO_MAGIC, 1, 2]);
+        assert_eq!([word(10), word(11), word(15)], [0x8000_001c, 0, 4]);
+        let too_many = vec![entry(0); INFO_CAPACITY + 1];
+        assert!(matches!(
+            info_bytes(3, &too_many),
+            Err(NativeError::TableTooLarge { vcpu: 3, .. })
+        ));
+        assert!(info_bytes(3, &too_many[1..]).is_ok());
+    }
 
     #[test]
     fn a_saved_msr_names_its_own_page_and_no_flag() {

@@ -138,6 +138,11 @@ impl Vcpu<KvmVcpu> {
         &mut self.kvm
     }
 
+    /// The CPUID table it was given (KVM_SET_CPUID2).
+    pub fn cpuid(&self) -> &[CpuidEntry] {
+        &self.cpuid
+    }
+
     /// The KVM vCPU's descriptor (booting, restoring its state).
     pub fn kvm_fd(&self) -> &kvm_ioctls::VcpuFd {
         self.kvm.fd()
