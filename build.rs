@@ -87,6 +87,30 @@ fn compile(src: &Path, out: &Path) {
         .arg(out));
 }
 
+/// Links guest `name` from `objects` with the link script `script` and
+/// adds it to the table of embedded guests.
+fn link(script: &Path, out: &Path, name: &str, objects: &[PathBuf], table: &mut String) {
+    let elf = out.join(format!("{name}.elf"));
+    run(Command::new("ld")
+        .args([
+            "-m",
+            "elf_x86_64",
+            "-nostdlib",
+            "--no-warn-rwx-segments",
+            "-T",
+        ])
+        .arg(script)
+        .arg("-o")
+        .arg(&elf)
+        .args(objects));
+    writeln!(
+        table,
+        "    ({name:?}, include_bytes!({:?})),",
+        elf.display().to_string()
+    )
+    .unwrap();
+}
+
 fn main() {
     let dir = PathBuf::from("resources/guests");
     let out = PathBuf::from(env::var("OUT_DIR").expect("OUT_DIR")).join("guests");
@@ -116,25 +140,7 @@ fn main() {
             compile(&src, &obj);
             objects.push(obj);
         }
-        let elf = out.join(format!("{name}.elf"));
-        run(Command::new("ld")
-            .args([
-                "-m",
-                "elf_x86_64",
-                "-nostdlib",
-                "--no-warn-rwx-segments",
-                "-T",
-            ])
-            .arg(dir.join("guest.ld"))
-            .arg("-o")
-            .arg(&elf)
-            .args(&objects));
-        writeln!(
-            table,
-            "    ({name:?}, include_bytes!({:?})),",
-            elf.display().to_string()
-        )
-        .unwrap();
+        link(&dir.join("guest.ld"), &out, name, &objects, &mut table);
     }
     for name in NATIVE_GUESTS {
         let objects: Vec<PathBuf> = ["S", "c"]
@@ -145,25 +151,7 @@ fn main() {
                 obj
             })
             .collect();
-        let elf = out.join(format!("{name}.elf"));
-        run(Command::new("ld")
-            .args([
-                "-m",
-                "elf_x86_64",
-                "-nostdlib",
-                "--no-warn-rwx-segments",
-                "-T",
-            ])
-            .arg(dir.join("native.ld"))
-            .arg("-o")
-            .arg(&elf)
-            .args(&objects));
-        writeln!(
-            table,
-            "    ({name:?}, include_bytes!({:?})),",
-            elf.display().to_string()
-        )
-        .unwrap();
+        link(&dir.join("native.ld"), &out, name, &objects, &mut table);
     }
     // The example program for `lwpvmm profile` (no runtime: freestanding).
     let examples = PathBuf::from("resources/examples");

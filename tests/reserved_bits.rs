@@ -217,14 +217,7 @@ fn the_other_vendors_reserved_bits_hold_against_kvm() {
         .expect("KVM_GET_CPUID2")
         .as_slice()
         .iter()
-        .map(|e| CpuidEntry {
-            leaf: e.function,
-            subleaf: e.index,
-            eax: e.eax,
-            ebx: e.ebx,
-            ecx: e.ecx,
-            edx: e.edx,
-        })
+        .map(lwpvmm::vmm::machine::from_kvm)
         .collect();
     let source = PagingSource::new(&seen);
     println!(

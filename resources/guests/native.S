@@ -7,7 +7,12 @@
  * enables interrupts and has no IDT: a fault ends it, as a triple fault.
  */
 
-#define MSR_STAR  0xc0000081
+/* The TSC in %rax (%rdx clobbered). */
+        .macro tsc
+        rdtsc
+        shl $32, %rdx
+        or %rdx, %rax
+        .endm
 
         .section .note.lwpvmm, "a", @note
         .p2align 2
@@ -32,18 +37,14 @@ _start:
         .text
         .globl spin
 spin:
-        rdtsc
-        shl $32, %rdx
-        or %rdx, %rax
+        tsc
         mov %rax, %r8
         mov %rdi, %rcx
         xor %r9, %r9
 1:      inc %r9
         dec %rcx
         jnz 1b
-        rdtsc
-        shl $32, %rdx
-        or %rdx, %rax
+        tsc
         sub %r8, %rax
         ret
 
@@ -83,18 +84,14 @@ syscall_entry:
  * lwpvmm answers at once), in TSC cycles. */
         .globl port_exits
 port_exits:
-        rdtsc
-        shl $32, %rdx
-        or %rdx, %rax
+        tsc
         mov %rax, %r8
         mov %rdi, %rcx
         xor %eax, %eax
 1:      outb %al, $0x80
         dec %rcx
         jnz 1b
-        rdtsc
-        shl $32, %rdx
-        or %rdx, %rax
+        tsc
         sub %r8, %rax
         ret
 

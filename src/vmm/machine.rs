@@ -310,7 +310,8 @@ fn tsc_offset(fd: &VcpuFd) -> Result<i64, VmError> {
     Ok(guest.wrapping_sub(host) as i64)
 }
 
-fn from_kvm(e: &kvm_cpuid_entry2) -> CpuidEntry {
+/// A CPUID entry as KVM gives it, in lwpvmm's form.
+pub fn from_kvm(e: &kvm_cpuid_entry2) -> CpuidEntry {
     CpuidEntry {
         leaf: e.function,
         subleaf: e.index,
