@@ -15,7 +15,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// lwpvmm, killed if the test ends without stopping it.
@@ -152,6 +152,47 @@ fn start_vm(dir: &Path) -> (Running, PathBuf, SocketAddr, Vec<String>) {
         std::thread::sleep(Duration::from_millis(20));
     }
     (vm, sock, listen, args)
+}
+
+/// What Prometheus's own checker says of `/metrics` (Debian's
+/// `prometheus` package ships `promtool`): nothing, for every series.
+#[test]
+fn promtool_finds_nothing_to_fix_in_the_metrics() {
+    common::require_kvm();
+    let promtool = Command::new("promtool").arg("--version").output();
+    assert!(
+        promtool.is_ok_and(|o| o.status.success()),
+        "this test checks /metrics with promtool: apt-get install prometheus"
+    );
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("api-promtool-{}", std::process::id()));
+    let (_vm, sock, _, _) = start_vm(&dir);
+    let (status, text) = unix(&sock, &get("/metrics"));
+    assert_eq!(status, 200, "{text}");
+    let mut check = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    check
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = check.wait_with_output().unwrap();
+    assert!(
+        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
+        "promtool check metrics: {}{}\non:\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("lwpvmm_sampler_seconds_total{vcpu=\"0\"} "),
+        "{text}"
+    );
 }
 
 #[test]
