@@ -183,6 +183,34 @@ struct Builder {
     strings: BTreeMap<String, i64>,
     functions: BTreeMap<String, u64>,
     locations: BTreeMap<Frame, u64>,
+    /// Each object's mapping id ([`mapping_ids`]).
+    mapping_ids: Vec<u64>,
+}
+
+/// Each of `objects` objects' mapping id: the one most records land in
+/// first, then the others as the resolver found them. pprof names a
+/// profile after its first mapping (`File:`), which must be the program
+/// sampled, not whichever file the mapping table named first.
+fn mapping_ids(tally: &Tally, objects: usize) -> Vec<u64> {
+    let mut weight = vec![0u64; objects];
+    for c in tally.stacks(None) {
+        if let Some(w) = c
+            .frames
+            .first()
+            .filter(|f| f.object != Frame::RAW)
+            .and_then(|f| weight.get_mut(f.object as usize))
+        {
+            *w += c.count;
+        }
+    }
+    let mut order: Vec<usize> = (0..objects).collect();
+    // Stable: ties keep the resolver's order.
+    order.sort_by_key(|&i| std::cmp::Reverse(weight[i]));
+    let mut ids = vec![0u64; objects];
+    for (rank, &object) in order.iter().enumerate() {
+        ids[object] = rank as u64 + 1;
+    }
+    ids
 }
 
 impl Builder {
@@ -230,7 +258,10 @@ impl Builder {
         let mapping_id = if frame.object == Frame::RAW {
             0
         } else {
-            u64::from(frame.object) + 1
+            self.mapping_ids
+                .get(frame.object as usize)
+                .copied()
+                .unwrap_or(0)
         };
         self.profile.location.push(Location {
             id,
@@ -300,11 +331,15 @@ pub fn profile(tally: &Tally, resolver: &Resolver, timing: Timing, source: &str)
     };
     // Every object is a mapping of its own addresses: the profile merges
     // processes, so no one load address would do.
-    for (i, o) in resolver.objects.iter().enumerate() {
+    b.mapping_ids = mapping_ids(tally, resolver.objects.len());
+    let mut by_id: Vec<usize> = (0..resolver.objects.len()).collect();
+    by_id.sort_by_key(|&i| b.mapping_ids[i]);
+    for i in by_id {
+        let o = &resolver.objects[i];
         let filename = b.string(&o.path);
         let build_id = b.string(&o.build_id);
         b.profile.mapping.push(Mapping {
-            id: i as u64 + 1,
+            id: b.mapping_ids[i],
             memory_start: 0,
             memory_limit: u64::MAX,
             file_offset: 0,
@@ -510,6 +545,63 @@ mod tests {
         let p = profile(&tally, &resolver, counted, "a test");
         let cpu: i64 = p.sample.iter().map(|x| x.value[2]).sum();
         assert_eq!(cpu, 3_000_000);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn the_first_mapping_is_the_object_most_records_land_in() {
+        let dir = std::env::temp_dir().join(format!("lwpvmm-pprof-file-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let demo = crate::guests::get("demo").unwrap();
+        for name in ["records", "demo"] {
+            std::fs::write(dir.join(name), demo).unwrap();
+        }
+        let mut resolver = Resolver::new(
+            None,
+            Some(crate::profile::sysroot::Sysroot::dir(&dir).into()),
+        );
+        // The table names a buffer's file first, the program second.
+        for (start, path, first) in [(0x40_0000, "/records", true), (0x10_0000, "/demo", false)] {
+            resolver.mapping(&MappingLine {
+                cr3: 0x1000,
+                start,
+                end: start + 0x10_0000,
+                offset: 0x1000,
+                path: path.into(),
+                build_id: String::new(),
+                first,
+            });
+        }
+        let mut tally = Tally::default();
+        for r in [
+            TraceRecord::stacked(5, 0x1000, 0x10_0100, &[]),
+            TraceRecord::stacked(5, 0x1000, 0x10_0200, &[]),
+            TraceRecord::stacked(5, 0x1000, 0x40_0100, &[]),
+        ] {
+            tally.add(&r, &resolver);
+        }
+        let timing = Timing {
+            time_nanos: 0,
+            duration_nanos: 0,
+            sample_hz: 1000,
+            kicks: None,
+        };
+        let p = profile(&tally, &resolver, timing, "a test");
+        let s = |i: i64| p.string_table[i as usize].as_str();
+        let files: Vec<&str> = p.mapping.iter().map(|m| s(m.filename)).collect();
+        assert_eq!(files, ["/demo", "/records"]);
+        // Each location keeps its own object's mapping: two records in the
+        // program, one in the other file.
+        let mut per_file = BTreeMap::new();
+        for sample in &p.sample {
+            let location = &p.location[sample.location_id[0] as usize - 1];
+            let file = s(p.mapping[location.mapping_id as usize - 1].filename);
+            *per_file.entry(file).or_insert(0) += sample.value[0];
+        }
+        assert_eq!(
+            per_file.into_iter().collect::<Vec<_>>(),
+            [("/demo", 2), ("/records", 1)]
+        );
         std::fs::remove_dir_all(dir).unwrap();
     }
 
