@@ -185,6 +185,7 @@ pub fn report(out: &mut dyn Write, args: &ReportArgs) -> Result<u8, CliError> {
             duration_nanos: start.zip(end).map_or(0, |(s, e)| (e - s).max(0)),
             sample_hz: summary.header.sample_hz,
             kicks: None,
+            vcpus: summary.vcpus,
         };
         let profile = pprof::profile(&tally, &resolver, timing, "the host-side trace");
         f.commit(|file| Ok(pprof::write(&profile, file)?))?;

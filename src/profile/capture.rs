@@ -262,8 +262,8 @@ impl Capture {
 
     /// The capture as a pprof profile, named by `resolver`: it began when
     /// the capture started and lasts until now; `sample_hz` is the
-    /// sampler's rate.
-    pub fn profile(self, mut resolver: Resolver, sample_hz: u32) -> Profile {
+    /// sampler's rate, `vcpus` the VM's vCPUs (0: unknown).
+    pub fn profile(self, mut resolver: Resolver, sample_hz: u32, vcpus: u32) -> Profile {
         let (records, dropped) = (self.records, self.dropped);
         let timing = match self.began {
             Some((wall, since)) => super::pprof::Timing {
@@ -273,6 +273,7 @@ impl Capture {
                 duration_nanos: i64::try_from(since.elapsed().as_nanos()).unwrap_or(i64::MAX),
                 sample_hz,
                 kicks: Some(self.kicks),
+                vcpus,
             },
             None => super::pprof::Timing {
                 sample_hz,
@@ -435,7 +436,7 @@ mod tests {
         let mut c = Capture::default();
         c.record(&TraceRecord::stacked(5, 0x1000, 0x1010, &[]));
         c.dropped = 4;
-        let p = c.profile(Resolver::with_symbols(symbols), 1000);
+        let p = c.profile(Resolver::with_symbols(symbols), 1000, 0);
         assert!(p.string_table.iter().any(|s| s == "leaf"));
         assert!(p.string_table.iter().any(|s| s.contains("4 of 5 records")));
         assert_eq!(p.period, 1_000_000, "a period of 1/sample_hz");

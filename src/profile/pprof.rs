@@ -73,6 +73,9 @@ pub struct Timing {
     /// The sampler's kicks charged to sampled contexts while the profile
     /// was taken, when known (a capture counts them; a trace does not).
     pub kicks: Option<u64>,
+    /// The vCPUs that ran meanwhile (0: unknown). With the duration, the
+    /// CPU time a profile can hold: no more than duration x vCPUs.
+    pub vcpus: u32,
 }
 
 /// profile.proto's `ValueType`.
@@ -401,9 +404,43 @@ pub fn profile(tally: &Tally, resolver: &Resolver, timing: Timing, source: &str)
     };
     let comment = b.string(&format!("lwpvmm: {what} from {source}"));
     b.profile.comment.push(comment);
+    if let Some(slot) = cpu_slot
+        && let Some(note) = cap_cpu_time(&mut b.profile.sample, slot, &timing)
+    {
+        let note = b.string(&note);
+        b.profile.comment.push(note);
+    }
     b.profile.time_nanos = timing.time_nanos;
     b.profile.duration_nanos = timing.duration_nanos;
     b.profile
+}
+
+/// Holds the CPU time of `samples` (their values at `slot`) to what the
+/// profile's span can hold, its duration times its vCPUs: records that
+/// count a period each (a trace's, where an LWPCB interval shorter than a
+/// kick stores several records a kick) would otherwise add up to more CPU
+/// time than the vCPUs had, and a reader would rank by a total over 100 %.
+/// Each sample keeps its share. Returns the note that says so, when it
+/// scaled.
+fn cap_cpu_time(samples: &mut [Sample], slot: usize, timing: &Timing) -> Option<String> {
+    let span = u128::try_from(timing.duration_nanos).ok()? * u128::from(timing.vcpus);
+    let total: u128 = samples
+        .iter()
+        .map(|s| u128::try_from(s.value[slot]).unwrap_or(0))
+        .sum();
+    if span == 0 || total <= span {
+        return None;
+    }
+    for sample in samples.iter_mut() {
+        let v = u128::try_from(sample.value[slot]).unwrap_or(0);
+        sample.value[slot] = i64::try_from(v * span / total).unwrap_or(i64::MAX);
+    }
+    Some(format!(
+        "lwpvmm: CPU time scaled from {} ms to {} ms, the span times its {} vCPUs: the records outnumbered the sampler's periods (shares are exact)",
+        total / 1_000_000,
+        span / 1_000_000,
+        timing.vcpus
+    ))
 }
 
 /// Writes `profile` gzipped, as pprof files are.
@@ -475,6 +512,7 @@ mod tests {
             duration_nanos: 5_000_000_000,
             sample_hz: 1000,
             kicks: None,
+            vcpus: 1,
         };
         write(&profile(&tally, &resolver, timing, "a test"), &mut gz).unwrap();
         let p = read(&gz).unwrap();
@@ -585,6 +623,7 @@ mod tests {
             duration_nanos: 0,
             sample_hz: 1000,
             kicks: None,
+            vcpus: 0,
         };
         let p = profile(&tally, &resolver, timing, "a test");
         let s = |i: i64| p.string_table[i as usize].as_str();
@@ -603,6 +642,45 @@ mod tests {
             [("/demo", 2), ("/records", 1)]
         );
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn cpu_time_never_exceeds_the_span_times_the_vcpus() {
+        let resolver = Resolver::default();
+        let mut tally = Tally::default();
+        // Three clock records at 1 kHz: 3 ms as a trace counts them.
+        for ip in [0x1000, 0x1000, 0x2000] {
+            tally.add(&TraceRecord::stacked(5, 0x1000, ip, &[]), &resolver);
+        }
+        // (span in ms, vCPUs, CPU time in ms, scaled)
+        let table = [
+            (0, 1, 3, false),
+            (10, 1, 3, false),
+            (1, 0, 3, false),
+            (1, 1, 1, true),
+            (1, 2, 2, true),
+        ];
+        for (span, vcpus, want, scaled) in table {
+            let timing = Timing {
+                time_nanos: 0,
+                duration_nanos: span * 1_000_000,
+                sample_hz: 1000,
+                kicks: None,
+                vcpus,
+            };
+            let p = profile(&tally, &resolver, timing, "a test");
+            let cpu = p.sample_type.len() - 1;
+            let total: i64 = p.sample.iter().map(|s| s.value[cpu]).sum();
+            assert!(
+                (total - want * 1_000_000).abs() <= 2,
+                "{span} ms x {vcpus}: {total} ns"
+            );
+            let noted = p
+                .comment
+                .iter()
+                .any(|&c| p.string_table[c as usize].contains("CPU time scaled"));
+            assert_eq!(noted, scaled, "{span} ms x {vcpus}");
+        }
     }
 
     #[test]

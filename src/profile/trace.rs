@@ -343,6 +343,8 @@ pub struct TraceSummary {
     pub header: TraceHeader,
     /// Records read.
     pub records: u64,
+    /// The vCPUs its records came from (one more than the highest index).
+    pub vcpus: u32,
     /// The writer's size limit, when the trace ends because it was reached.
     pub limit: Option<LimitReached>,
     /// The line number of a last line cut short (a run that was killed
@@ -430,6 +432,7 @@ pub fn for_each_entry(
     let mut summary = TraceSummary {
         header,
         records: 0,
+        vcpus: 0,
         limit: None,
         cut_line: None,
     };
@@ -451,6 +454,7 @@ pub fn for_each_entry(
             Ok(record) => {
                 f(Entry::Record(&record));
                 summary.records += 1;
+                summary.vcpus = summary.vcpus.max(u32::from(record.vcpu) + 1);
             }
             Err(e) => {
                 if let Ok(m) = serde_json::from_str::<MappingWrapper>(line) {

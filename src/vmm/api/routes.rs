@@ -571,7 +571,11 @@ fn profile_response(capture: Capture, cx: &Context<'_>) -> Response {
     if let Some(entry) = cx.vm.recorder().kernel_entry() {
         resolver.kernel_entry(entry);
     }
-    let profile = capture.profile(resolver, cx.vm.recorder().sample_hz());
+    let vcpus = cx
+        .vm
+        .metrics()
+        .map_or(0, |m| u32::try_from(m.vcpus.len()).unwrap_or(u32::MAX));
+    let profile = capture.profile(resolver, cx.vm.recorder().sample_hz(), vcpus);
     let mut body = Vec::new();
     match pprof::write(&profile, &mut body) {
         Ok(()) => Response::ok("application/octet-stream", body),
