@@ -80,6 +80,15 @@ impl Symbols {
             .iter()
             .map(|&(a, _, _)| code(a).and_then(prologue))
             .collect();
+        // A label's extent stops at the end of its section: `_etext`, the
+        // last label of a vmlinux's text, would otherwise name every
+        // address above it (a module's code).
+        let section_end = |address: u64| {
+            file.sections()
+                .map(|s| (s.address(), s.address().saturating_add(s.size())))
+                .find(|&(start, end)| (start..=end).contains(&address) && end > start)
+                .map_or(u64::MAX, |(_, end)| end)
+        };
         let functions = f
             .into_iter()
             .zip(starts)
@@ -87,7 +96,7 @@ impl Symbols {
                 let end = if size > 0 {
                     a.saturating_add(size)
                 } else {
-                    next
+                    next.min(section_end(a))
                 };
                 (a, end, name)
             })
@@ -125,7 +134,9 @@ impl Symbols {
             functions: f
                 .into_iter()
                 .zip(starts)
-                .map(|((a, name), next)| (a, next, name))
+                // `_etext` marks the end of the kernel's text: it names
+                // nothing after it (the modules' code).
+                .map(|((a, name), next)| (a, if name == END_OF_TEXT { a } else { next }, name))
                 .collect(),
         })
     }
@@ -140,6 +151,11 @@ impl Symbols {
                 .collect(),
             prologues: functions.iter().map(|f| f.3.then_some(4)).collect(),
         }
+    }
+
+    /// The lowest address a symbol names.
+    pub fn first_address(&self) -> Option<u64> {
+        self.functions.first().map(|f| f.0)
     }
 
     /// The start of the function `name`.
@@ -257,6 +273,9 @@ pub fn hex(bytes: &[u8]) -> String {
 /// The most bytes of a kernel symbol file read (a vmlinux with debug
 /// information is tens of MiB; a kallsyms copy a few).
 pub const KERNEL_SYMBOLS_MAX: u64 = 1 << 30;
+
+/// The label that marks the end of a kernel's text.
+const END_OF_TEXT: &str = "_etext";
 
 /// Why a kernel symbol file cannot name kernel frames.
 #[derive(Debug, thiserror::Error)]
@@ -525,8 +544,22 @@ impl Resolver {
         self.objects.get(frame.object as usize)?.symbols.as_ref()
     }
 
+    /// A name for a kernel frame no symbol covers (past the kernel's text:
+    /// a module's code, which the symbols do not list): `[kernel]+OFFSET`
+    /// from the kernel's first text symbol, so a reader sees whose code it
+    /// is without a function's name made up for it; `None` for any other
+    /// frame.
+    pub fn unnamed_kernel(&self, frame: Frame) -> Option<String> {
+        if !self.in_kernel(frame) {
+            return None;
+        }
+        let base = self.symbols(frame)?.first_address()?;
+        Some(format!("[kernel]+{:#x}", frame.address.wrapping_sub(base)))
+    }
+
     /// The function `frame` is in; `ret` for a return address, looked up
-    /// one byte back, in its call. Unknown: the address in hex.
+    /// one byte back, in its call. Unknown: the address in hex (or
+    /// [`Self::unnamed_kernel`]'s name).
     pub fn name(&self, frame: Frame, ret: bool) -> String {
         let at = if ret {
             frame.address.saturating_sub(1)
@@ -536,7 +569,9 @@ impl Resolver {
         let name = self
             .symbols(frame)
             .and_then(|s| s.lookup(at))
-            .map_or_else(|| format!("{:#x}", frame.address), str::to_owned);
+            .map(str::to_owned)
+            .or_else(|| self.unnamed_kernel(frame))
+            .unwrap_or_else(|| format!("{:#x}", frame.address));
         // Kernel functions marked as perf marks them in flamegraphs.
         if self.in_kernel(frame) {
             format!("{name}_[k]")
@@ -682,6 +717,31 @@ ffffffff81000300 W weak_one [some_module]
             assert_eq!(s.lookup(address), want, "{address:#x}");
         }
         assert!(Symbols::from_kallsyms("no symbols here\n").is_none());
+    }
+
+    #[test]
+    fn kernel_addresses_past_its_text_are_the_kernels_not_etexts() {
+        let kallsyms =
+            "ffffffff81000000 T _text\nffffffff81001000 T read_zero\nffffffff81002000 T _etext\n";
+        let mut resolver = Resolver::default();
+        assert!(resolver.set_kernel("kallsyms", kallsyms.as_bytes()));
+        // (address, its name)
+        let table = [
+            (0xffff_ffff_8100_1010, "read_zero_[k]"),
+            (0xffff_ffff_8100_2000, "[kernel]+0x2000_[k]"),
+            (0xffff_ffff_c000_1234, "[kernel]+0x3f001234_[k]"),
+        ];
+        for (address, want) in table {
+            let frame = resolver.frame(0x1000, address);
+            assert_eq!(resolver.name(frame, false), want, "{address:#x}");
+        }
+        // A vmlinux's `_etext` label ends with its section, as kallsyms's.
+        let vmlinux = crate::guests::get("minimal").unwrap();
+        let s = Symbols::from_elf(vmlinux).unwrap();
+        assert!(
+            s.lookup(u64::MAX - 1).is_none(),
+            "no symbol runs to the end of memory"
+        );
     }
 
     #[test]

@@ -251,10 +251,12 @@ impl Builder {
         let id = self.profile.location.len() as u64 + 1;
         let name = resolver
             .symbols(frame)
-            .and_then(|s| s.lookup(frame.address));
+            .and_then(|s| s.lookup(frame.address))
+            .map(str::to_owned)
+            .or_else(|| resolver.unnamed_kernel(frame));
         let line = name
             .map(|n| Line {
-                function_id: self.function(n),
+                function_id: self.function(&n),
             })
             .into_iter()
             .collect();

@@ -136,6 +136,11 @@ counters! {
     sampler_kicks,
     /// Samples charged to CNH/RNH (CPL3, in the LWPCB's address space).
     samples_charged,
+    /// Cycles of vCPU time between kicks charged to no CPL3 sample: the
+    /// intervals of kicks that found the guest elsewhere (its kernel, the
+    /// VMM on its behalf), and the part of an interval past one sampling
+    /// period, which is where a CPL3 sample's own time cannot have been.
+    sampler_cycles_dropped,
     /// Host-side samples of the whole guest taken in its kernel
     /// (`--profile-kernel`).
     guest_kernel_samples,

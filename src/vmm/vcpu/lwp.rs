@@ -20,18 +20,19 @@ use crate::vmm::vcpu::privilege;
 use super::protocol::VcpuError;
 
 /// A sampling kick: charges `cycles` (what the vCPU ran since the last
-/// sample) to CNH and RNH, but only while the vCPU runs at CPL3 in the
-/// address space that loaded the LWPCB. docs/profiling.md.
-pub fn sample(cx: &mut ExitCx<'_>, cycles: u64) {
+/// sample, at most one sampling period) to CNH and RNH, but only while the
+/// vCPU runs at CPL3 in the address space that loaded the LWPCB; returns
+/// whether it charged them. docs/profiling.md.
+pub fn sample(cx: &mut ExitCx<'_>, cycles: u64) -> bool {
     cx.metrics.sampler_kicks.fetch_add(1, Ordering::Relaxed);
     let (regs, sregs) = (cx.vcpu.regs(), cx.vcpu.sregs());
     let rip = regs.rip;
     if !privilege::is_user(&sregs) || !cx.lwp.in_lwpcb_space(sregs.cr3) {
-        return;
+        return false;
     }
     let (paging, now) = (cx.vcpu.paging(&sregs), cx.vcpu.guest_tsc());
     let (Some(unit), Ok(paging)) = (cx.lwp.unit_mut(), paging) else {
-        return;
+        return false;
     };
     let mut view = GuestView::new(cx.mem, paging);
     unit.count(&mut view, EventId::Cnh, cycles, rip, now);
@@ -43,6 +44,7 @@ pub fn sample(cx: &mut ExitCx<'_>, cycles: u64) {
     });
     cx.metrics.samples_charged.fetch_add(1, Ordering::Relaxed);
     cx.recorder.charged_kick();
+    true
 }
 
 /// After every exit: the unit's counters into the metrics, its new records

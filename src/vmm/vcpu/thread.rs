@@ -92,6 +92,20 @@ struct SampleClock {
 }
 
 impl SampleClock {
+    /// The cycles of one sampling period at `hz` kicks a second (no limit
+    /// when the sampler is off or the TSC's rate unknown). Between two
+    /// kicks a vCPU's CPL3 code ran at most that long; the rest of a
+    /// longer interval was its kernel's or the VMM's (a kernel at emulated
+    /// CPL0 runs for many periods between two user samples), and charged
+    /// to the next CPL3 sample it would make that sample's function look
+    /// hotter than it is.
+    fn period_cycles(&self, hz: u32) -> u64 {
+        match (self.tsc_khz, hz) {
+            (0, _) | (_, 0) => u64::MAX,
+            (khz, hz) => u64::from(khz) * 1000 / u64::from(hz),
+        }
+    }
+
     /// Cycles since the last call: the thread's CPU time (which a preempted
     /// thread or a halted guest does not add to) at the TSC rate; the guest
     /// TSC's advance where either is unknown.
@@ -314,7 +328,15 @@ impl<V: VcpuRun + 'static> Vcpu<V> {
                     if mailbox.sample_due.swap(false, Ordering::AcqRel) {
                         sampled = Some(Instant::now());
                         let cycles = self.clock.cycles(cx.vcpu.guest_tsc());
-                        lwp::sample(&mut cx, cycles);
+                        let charged = cycles.min(self.clock.period_cycles(cx.recorder.sample_hz()));
+                        let dropped = if lwp::sample(&mut cx, charged) {
+                            cycles - charged
+                        } else {
+                            cycles
+                        };
+                        cx.metrics
+                            .sampler_cycles_dropped
+                            .fetch_add(dropped, Ordering::Relaxed);
                         if cx.recorder.whole_guest() {
                             // The guest time since this vCPU's last sample:
                             // kicks a busy host delays or merges still count.
@@ -545,5 +567,28 @@ impl VcpuHandle {
     /// Waits for the thread to end.
     pub fn join(self) -> thread::Result<VcpuThreadResult> {
         self.thread.join()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SampleClock;
+
+    #[test]
+    fn a_sample_charges_at_most_one_period() {
+        // (TSC kHz, sampler Hz, the most one kick charges)
+        let table = [
+            (2_600_000, 1000, 2_600_000),
+            (2_600_000, 250, 10_400_000),
+            (0, 1000, u64::MAX),
+            (2_600_000, 0, u64::MAX),
+        ];
+        for (tsc_khz, hz, most) in table {
+            let clock = SampleClock {
+                tsc_khz,
+                last: None,
+            };
+            assert_eq!(clock.period_cycles(hz), most, "{tsc_khz} kHz at {hz} Hz");
+        }
     }
 }
