@@ -11,7 +11,9 @@
 //! (`PATCH /drives`) and the guest sees its new size. The same guest, on a
 //! tap and answering over vsock, boots from a
 //! `--config-file` with `--no-api`. Misuse before and after the start is
-//! answered, and the process goes on.
+//! answered, and the process goes on; a tap that is not there is refused
+//! when it is PUT, a body within Firecracker's default payload size is
+//! taken, and a start that fails leaves nothing beside the metrics file.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -474,7 +476,22 @@ fn firecrackers_command_line_is_taken_and_refused_as_firecracker_does() {
     };
     let (status, text) = run(&["--version"]);
     assert_eq!(status, Some(0), "{text}");
-    assert!(text.starts_with("Firecracker v1.17.0-dev"), "{text}");
+    assert!(text.starts_with("Firecracker v1.17.0 (lwpvmm "), "{text}");
+    // microheart's flag: taken, and the log says the devices stay MMIO.
+    let missing_config = dir.join("vm.json");
+    let (status, text) = run(&[
+        "--enable-pci",
+        "--no-api",
+        "--config-file",
+        path(&missing_config),
+    ]);
+    assert_eq!(status, Some(2), "{text}");
+    assert!(
+        text.contains(
+            "--enable-pci: lwpvmm has no PCI transport; the microVM's devices are on virtio-mmio"
+        ) && text.contains("--config-file"),
+        "{text}"
+    );
     let missing = dir.join("missing.json");
     let exists = dir.join("exists.socket");
     std::fs::write(&exists, b"").unwrap();
@@ -503,5 +520,80 @@ fn firecrackers_command_line_is_taken_and_refused_as_firecracker_does() {
         assert_eq!(status, Some(2), "{args:?}: {text}");
         assert!(text.contains(words), "{args:?}: {text}");
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_missing_tap_is_refused_when_put_a_large_body_is_taken_and_a_failed_start_leaves_nothing() {
+    require_kvm();
+    let dir = scratch("failed-start");
+    let bin = firecracker(&dir);
+    let sock = dir.join("firecracker.socket");
+    let metrics = dir.join("metrics.json");
+    let junk = dir.join("junk.bin");
+    std::fs::write(&junk, vec![0x5a; 4096]).unwrap();
+    let _vm = spawn_within(
+        Command::new(&bin).args(["--api-sock", path(&sock)]),
+        RUN_LIMIT,
+    );
+    wait_for_path(&sock, Duration::from_secs(30));
+    let refused = expect(
+        &sock,
+        "PUT",
+        "/network-interfaces/eth0",
+        r#"{"iface_id": "eth0", "host_dev_name": "lwpvmm-notap"}"#,
+        400,
+    );
+    assert!(
+        refused.contains("no network interface of that name"),
+        "{refused}"
+    );
+    expect(
+        &sock,
+        "PUT",
+        "/metrics",
+        &format!(r#"{{"metrics_path": "{}"}}"#, path(&metrics)),
+        204,
+    );
+    // A body past lwpvmm's own 16 KiB, within Firecracker's default
+    // --http-api-max-payload-size (51200).
+    let long = format!(
+        r#"{{"kernel_image_path": "{}", "boot_args": "console=ttyS0 {}"}}"#,
+        path(&junk),
+        "x".repeat(40_000)
+    );
+    expect(&sock, "PUT", "/boot-source", &long, 204);
+    let too_long = format!(
+        r#"{{"kernel_image_path": "{}", "boot_args": "{}"}}"#,
+        path(&junk),
+        "x".repeat(60_000)
+    );
+    let refused = expect(&sock, "PUT", "/boot-source", &too_long, 413);
+    assert!(refused.contains("larger than 51200 bytes"), "{refused}");
+    expect(
+        &sock,
+        "PUT",
+        "/boot-source",
+        &format!(
+            r#"{{"kernel_image_path": "{}", "boot_args": "console=ttyS0"}}"#,
+            path(&junk)
+        ),
+        204,
+    );
+    // The start opens the metrics file's directory and fails after it.
+    let failed = expect(
+        &sock,
+        "PUT",
+        "/actions",
+        r#"{"action_type": "InstanceStart"}"#,
+        400,
+    );
+    assert!(failed.contains("neither an x86-64 ELF"), "{failed}");
+    let left: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".lwpvmm-part") || name == "metrics.json")
+        .collect();
+    assert!(left.is_empty(), "a failed start left {left:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }

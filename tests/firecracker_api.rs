@@ -251,7 +251,7 @@ fn before_rows(kernel: &str, image: &str) -> Vec<Row> {
             "/version",
             Value::Null,
             200,
-            "1.17.0-dev",
+            "\"1.17.0\"",
         ),
         (
             "PUT",
@@ -290,6 +290,32 @@ fn before_rows(kernel: &str, image: &str) -> Vec<Row> {
             "/machine-config",
             "/machine-config",
             json!({"vcpu_count": 2, "mem_size_mib": 256}),
+            204,
+            "",
+        ),
+        // Routed on the first segment, as Firecracker routes: a trailing
+        // slash, extra slashes or a segment more change nothing.
+        (
+            "PUT",
+            "/machine-config/",
+            "/machine-config",
+            json!({"vcpu_count": 2, "mem_size_mib": 256}),
+            204,
+            "",
+        ),
+        (
+            "PATCH",
+            "//machine-config",
+            "/machine-config",
+            json!({"vcpu_count": 2}),
+            204,
+            "!",
+        ),
+        (
+            "PUT",
+            "/boot-source/",
+            "/boot-source",
+            json!({"kernel_image_path": kernel, "boot_args": "console=ttyS0 reboot=k panic=1"}),
             204,
             "",
         ),
@@ -366,13 +392,62 @@ fn before_rows(kernel: &str, image: &str) -> Vec<Row> {
             400,
             "rate_limiter is not offered",
         ),
+        // bandsox always sends Async; Writeback is what lwpvmm's drives do.
+        (
+            "PUT",
+            "/drives/scratch",
+            "/drives/{drive_id}",
+            json!({"drive_id": "scratch", "path_on_host": image, "is_root_device": false, "cache_type": "Writeback", "io_engine": "Sync"}),
+            204,
+            "",
+        ),
+        (
+            "PUT",
+            "/drives/scratch",
+            "/drives/{drive_id}",
+            json!({"drive_id": "scratch", "path_on_host": image, "is_root_device": false, "cache_type": "Unsafe"}),
+            204,
+            "",
+        ),
         (
             "PUT",
             "/drives/scratch",
             "/drives/{drive_id}",
             json!({"drive_id": "scratch", "path_on_host": image, "is_root_device": false, "io_engine": "Async"}),
+            204,
+            "",
+        ),
+        (
+            "PUT",
+            "/drives/scratch",
+            "/drives/{drive_id}",
+            json!({"drive_id": "scratch", "path_on_host": image, "is_root_device": false, "io_engine": "Uring"}),
             400,
-            "io_engine is not offered",
+            "!`Uring` is not Sync or Async",
+        ),
+        (
+            "PUT",
+            "/drives/scratch",
+            "/drives/{drive_id}",
+            json!({"drive_id": "scratch", "path_on_host": image, "is_root_device": false, "cache_type": "None"}),
+            400,
+            "!`None` is not Unsafe or Writeback",
+        ),
+        (
+            "PUT",
+            "/drives/",
+            "/drives/{drive_id}",
+            json!({"drive_id": "scratch", "path_on_host": image, "is_root_device": false}),
+            400,
+            "/drives/ names no id",
+        ),
+        (
+            "PUT",
+            "/drives/scr-atch",
+            "/drives/{drive_id}",
+            json!({"drive_id": "scr-atch", "path_on_host": image, "is_root_device": false}),
+            400,
+            "`scr-atch` is not an id",
         ),
         (
             "PUT",
@@ -396,7 +471,7 @@ fn before_rows(kernel: &str, image: &str) -> Vec<Row> {
             "/drives/{drive_id}",
             json!({"drive_id": "rootfs", "path_on_host": image}),
             400,
-            "Invalid request method and/or path",
+            "not supported before starting",
         ),
         (
             "PUT",
@@ -422,13 +497,46 @@ fn before_rows(kernel: &str, image: &str) -> Vec<Row> {
             400,
             "mtu is not offered",
         ),
+        // The tap is looked for when it is PUT, as Firecracker looks.
+        (
+            "PUT",
+            "/network-interfaces/eth1",
+            "/network-interfaces/{iface_id}",
+            json!({"iface_id": "eth1", "host_dev_name": "lwpvmm-notap"}),
+            400,
+            "host_dev_name lwpvmm-notap: no network interface of that name",
+        ),
+        (
+            "PUT",
+            "/network-interfaces/eth1",
+            "/network-interfaces/{iface_id}",
+            json!({"iface_id": "eth1", "host_dev_name": "tun0"}),
+            400,
+            "a tun device (IP packets), not a tap",
+        ),
+        (
+            "PUT",
+            "/network-interfaces/eth1",
+            "/network-interfaces/{iface_id}",
+            json!({"iface_id": "eth1", "host_dev_name": "eth9"}),
+            400,
+            "not a tap (a tun/tap device has tun_flags)",
+        ),
+        (
+            "PUT",
+            "/network-interfaces/eth1",
+            "/network-interfaces/{iface_id}",
+            json!({"iface_id": "eth1", "host_dev_name": "../tap0"}),
+            400,
+            "without `/`",
+        ),
         (
             "PATCH",
             "/network-interfaces/eth0",
             "/network-interfaces/{iface_id}",
             json!({"iface_id": "eth0"}),
             400,
-            "Invalid request method and/or path",
+            "not supported before starting",
         ),
         (
             "PUT",
@@ -445,6 +553,14 @@ fn before_rows(kernel: &str, image: &str) -> Vec<Row> {
             json!({"level": "Info", "module": "api_server"}),
             400,
             "module is not offered",
+        ),
+        (
+            "PUT",
+            "/metrics",
+            "/metrics",
+            json!({"metrics_path": "/no/such/dir/metrics.json"}),
+            400,
+            "metrics_path /no/such/dir/metrics.json: not a file in a directory that exists",
         ),
         (
             "PUT",
@@ -483,6 +599,15 @@ fn before_rows(kernel: &str, image: &str) -> Vec<Row> {
             "/vsock",
             "/vsock",
             json!({"guest_cid": 3, "uds_path": "/tmp/lwpvmm-no-such.sock"}),
+            204,
+            "",
+        ),
+        // bandsox names the device in the path.
+        (
+            "PUT",
+            "/vsock/vsock0",
+            "/vsock",
+            json!({"guest_cid": 3, "uds_path": "/tmp/lwpvmm-no-such.sock", "vsock_id": "vsock0"}),
             204,
             "",
         ),
@@ -672,6 +797,14 @@ fn before_rows(kernel: &str, image: &str) -> Vec<Row> {
         ),
         (
             "PUT",
+            "/snapshot/unpack",
+            "/snapshot/load",
+            json!({"snapshot_path": "/tmp/s"}),
+            400,
+            "Invalid request method and/or path: PUT /snapshot/unpack.",
+        ),
+        (
+            "PUT",
             "/snapshot/load",
             "/snapshot/load",
             json!({"snapshot_path": "/tmp/s", "mem_file_path": "/tmp/s.mem"}),
@@ -701,6 +834,14 @@ fn before_rows(kernel: &str, image: &str) -> Vec<Row> {
             Value::Null,
             200,
             "\"path_on_host\"",
+        ),
+        (
+            "GET",
+            "/vm/config/",
+            "/vm/config",
+            Value::Null,
+            200,
+            "\"io_engine\": \"Async\"",
         ),
     ]
 }
@@ -806,13 +947,31 @@ fn after_rows(kernel: &str) -> Vec<Row> {
             400,
             "not supported after starting",
         ),
+        // It changes rate limiters, which lwpvmm has not: without one it
+        // changes nothing, as in Firecracker.
         (
             "PATCH",
             "/network-interfaces/eth0",
             "/network-interfaces/{iface_id}",
             json!({"iface_id": "eth0"}),
+            204,
+            "",
+        ),
+        (
+            "PATCH",
+            "/network-interfaces/eth0",
+            "/network-interfaces/{iface_id}",
+            json!({"iface_id": "eth0", "rx_rate_limiter": {"bandwidth": {"size": 1, "refill_time": 100}}}),
             400,
-            "not supported after starting",
+            "rx_rate_limiter is not offered by lwpvmm: lwpvmm has no rate limiters",
+        ),
+        (
+            "PATCH",
+            "/network-interfaces/eth7",
+            "/network-interfaces/{iface_id}",
+            json!({"iface_id": "eth7"}),
+            400,
+            "no network interface `eth7` was added before the start",
         ),
         (
             "PUT",
@@ -833,6 +992,14 @@ fn after_rows(kernel: &str) -> Vec<Row> {
         (
             "PUT",
             "/vsock",
+            "/vsock",
+            json!({"guest_cid": 3, "uds_path": "/tmp/v.sock"}),
+            400,
+            "not supported after starting",
+        ),
+        (
+            "PUT",
+            "/vsock/vsock0",
             "/vsock",
             json!({"guest_cid": 3, "uds_path": "/tmp/v.sock"}),
             400,
@@ -888,13 +1055,39 @@ fn after_rows(kernel: &str) -> Vec<Row> {
         ),
         (
             "PUT",
+            "/snapshot/create/",
+            "/snapshot/create",
+            json!({"snapshot_path": "/tmp/s", "mem_file_path": "/tmp/s/memory.bin"}),
+            204,
+            "",
+        ),
+        (
+            "PUT",
             "/balloon",
             "/balloon",
             json!({"amount_mib": 0, "deflate_on_oom": true}),
             400,
             "no balloon device",
         ),
-        ("PATCH", "/vm", "/vm", json!({"state": "Resumed"}), 0, ""),
+        ("PATCH", "/vm", "/vm", json!({"state": "Paused"}), 204, ""),
+        ("PATCH", "/vm/", "/vm", json!({"state": "Resumed"}), 204, ""),
+        (
+            "PATCH",
+            "/vm",
+            "/vm",
+            json!({"state": "Asleep"}),
+            400,
+            "!unknown variant `Asleep`",
+        ),
+        // lwpvmm's own action, not in the yaml.
+        (
+            "PUT",
+            "/actions/",
+            "/actions",
+            json!({"action_type": "Stop"}),
+            204,
+            "!",
+        ),
     ]
 }
 
@@ -959,7 +1152,24 @@ fn every_endpoint_answers_as_firecracker_yaml_describes_it() {
     std::fs::write(&image, vec![0u8; 4096]).unwrap();
     let (kernel, image) = (kernel.to_str().unwrap(), image.to_str().unwrap());
 
-    let mut api = FirecrackerApi::new(Setup::default(), "vm-1".into(), launcher());
+    // The host's interfaces, as /sys/class/net lists them: a tap, a tun,
+    // and an interface that is neither.
+    let interfaces = dir.join("net");
+    for (name, flags) in [
+        ("tap0", Some("0x1002\n")),
+        ("tun0", Some("0x1001\n")),
+        ("eth9", None),
+    ] {
+        std::fs::create_dir_all(interfaces.join(name)).unwrap();
+        if let Some(flags) = flags {
+            std::fs::write(interfaces.join(name).join("tun_flags"), flags).unwrap();
+        }
+    }
+    let setup = Setup {
+        interfaces,
+        ..Setup::default()
+    };
+    let mut api = FirecrackerApi::new(setup, "vm-1".into(), launcher());
     let mut wrong = Vec::new();
     let before = before_rows(kernel, image);
     for row in &before {
@@ -1064,5 +1274,27 @@ fn the_config_file_format_is_firecrackers_full_vm_configuration() {
     assert!(
         serde_json::from_value::<lwpvmm::firecracker::model::FullConfig>(json!({"bogus": 1}))
             .is_err()
+    );
+}
+
+#[test]
+fn the_version_is_the_yamls_release_which_semver_checks_take() {
+    let yaml = spec()["info"]["version"].as_str().unwrap().to_owned();
+    // The release the yaml describes, without its pre-release suffix
+    // (`-dev` sorts below the release, and clients' checks refuse it).
+    let release = yaml.split('-').next().unwrap();
+    let numbers: Vec<u64> = release.split('.').map(|n| n.parse().unwrap()).collect();
+    assert_eq!(numbers.len(), 3, "{yaml}");
+    let mut api = FirecrackerApi::new(Setup::default(), "vm-1".into(), launcher());
+    let mut get = |path: &str| match api.before_start(&request("GET", path, &Value::Null)) {
+        Before::Now(r) => serde_json::from_slice::<Value>(&r.body).unwrap(),
+        Before::Started(..) => panic!("GET {path} started a VM"),
+    };
+    assert_eq!(get("/version")["firecracker_version"], release);
+    let info = get("/");
+    assert_eq!(info["vmm_version"], release);
+    assert_eq!(
+        info["app_name"], "lwpvmm",
+        "how a client tells lwpvmm apart"
     );
 }

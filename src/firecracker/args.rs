@@ -6,10 +6,15 @@ use std::path::PathBuf;
 
 use thiserror::Error;
 
+use crate::vmm::api::http::MAX_BODY_LIMIT;
+
 /// Firecracker's default API socket.
 pub const DEFAULT_API_SOCK: &str = "/run/firecracker.socket";
 /// Firecracker's default instance id.
 pub const DEFAULT_ID: &str = "anonymous-instance";
+/// Firecracker's default `--http-api-max-payload-size`: the most bytes of a
+/// request's body.
+pub const DEFAULT_MAX_PAYLOAD: usize = 51200;
 
 /// A bad command line, in Firecracker's words.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -67,6 +72,11 @@ pub struct Args {
     /// `--boot-timer`: report when the guest's init writes to the boot
     /// timer port (lwpvmm reports the first console line instead).
     pub boot_timer: bool,
+    /// `--enable-pci`: taken, with the devices on virtio-mmio all the same
+    /// (the process says so in its log).
+    pub enable_pci: bool,
+    /// `--http-api-max-payload-size`: the most bytes of a request's body.
+    pub max_payload: usize,
     /// `--version`.
     pub version: bool,
     /// `--describe-snapshot`.
@@ -92,9 +102,13 @@ Usage: firecracker [--api-sock PATH | --no-api --config-file FILE] [OPTIONS]
   --metrics-path FILE     lwpvmm's counters, on FlushMetrics and at the end
   --no-seccomp            no seccomp filters
   --describe-snapshot DIR the format of an lwpvmm snapshot
-  --version               the API version lwpvmm follows
+  --version               the API version lwpvmm follows, and lwpvmm's
+  --http-api-max-payload-size BYTES
+                          the most bytes of a request's body (default 51200,
+                          at most 1048576)
+  --enable-pci            accepted: the devices stay on virtio-mmio
   --show-level, --show-log-origin, --boot-timer, --start-time-us,
-  --start-time-cpu-us, --parent-cpu-time-us, --http-api-max-payload-size
+  --start-time-cpu-us, --parent-cpu-time-us
                           accepted as Firecracker takes them
 ";
 
@@ -191,29 +205,25 @@ impl Args {
                 "snapshot-version",
                 "lwpvmm's snapshots are its own format (docs/snapshot.md), not Firecracker's",
             ),
-            (
-                "enable-pci",
-                "lwpvmm's devices are virtio-mmio; drop the option",
-            ),
             ("mmds-size-limit", "lwpvmm has no metadata service (MMDS)"),
         ] {
             if has(option) {
                 return Err(ArgsError::NotOffered { option, why });
             }
         }
-        if let Some(size) = value("http-api-max-payload-size")
-            && size
+        let max_payload = match value("http-api-max-payload-size") {
+            None => DEFAULT_MAX_PAYLOAD,
+            Some(size) => size
                 .parse::<usize>()
-                .map_or(true, |s| s > crate::vmm::api::http::MAX_BODY)
-        {
-            return Err(ArgsError::Invalid {
-                option: "http-api-max-payload-size",
-                why: format!(
-                    "`{size}`: lwpvmm's API takes bodies up to {} bytes",
-                    crate::vmm::api::http::MAX_BODY
-                ),
-            });
-        }
+                .ok()
+                .filter(|s| *s <= MAX_BODY_LIMIT)
+                .ok_or_else(|| ArgsError::Invalid {
+                    option: "http-api-max-payload-size",
+                    why: format!(
+                        "`{size}` is not a size lwpvmm's API takes: give the bytes of the largest request body, at most {MAX_BODY_LIMIT} (Firecracker's default is {DEFAULT_MAX_PAYLOAD})"
+                    ),
+                })?,
+        };
         if let Some(level) = value("level")
             && !LEVELS.contains(&level.to_ascii_lowercase().as_str())
         {
@@ -237,6 +247,8 @@ impl Args {
             metrics_path: value("metrics-path").map(PathBuf::from),
             no_seccomp: has("no-seccomp"),
             boot_timer: has("boot-timer"),
+            enable_pci: has("enable-pci"),
+            max_payload,
             version: has("version"),
             describe_snapshot: value("describe-snapshot").map(PathBuf::from),
             help: has("help"),
@@ -307,17 +319,84 @@ mod tests {
                 &["--seccomp-filter", "f"],
                 "--seccomp-filter is not offered by lwpvmm",
             ),
-            (&["--enable-pci"], "--enable-pci is not offered by lwpvmm"),
             (&["--no-seccomp=1"], "Found argument '--no-seccomp=1'"),
             (&["--level", "loud"], "`loud` is not a level"),
             (
-                &["--http-api-max-payload-size", "1000000"],
-                "bodies up to 16384 bytes",
+                &["--http-api-max-payload-size", "2000000"],
+                "at most 1048576",
             ),
+            (&["--http-api-max-payload-size", "-1"], "`-1` is not a size"),
         ];
         for (args, message) in table {
             let e = Args::parse(args).unwrap_err().to_string();
             assert!(e.contains(message), "{args:?}: {e}");
         }
+    }
+
+    #[test]
+    fn the_listed_clients_command_lines_are_taken() {
+        // (client, the arguments it starts `firecracker` with)
+        let table: &[(&str, &[&str])] = &[
+            (
+                "firecracker-python, hysn-firecracker-python",
+                &[
+                    "--api-sock",
+                    "/tmp/fc.sock",
+                    "--id",
+                    "vm1",
+                    "--log-path",
+                    "/tmp/vm1.log",
+                ],
+            ),
+            ("bandsox, dud", &["--api-sock", "/tmp/fc.sock"]),
+            (
+                "husker",
+                &[
+                    "--api-sock",
+                    "/tmp/fc.sock",
+                    "--log-path",
+                    "/tmp/fc.log",
+                    "--level",
+                    "Info",
+                ],
+            ),
+            (
+                "microheart",
+                &[
+                    "--api-sock",
+                    "/tmp/fc.sock",
+                    "--config-file",
+                    "/tmp/vm.json",
+                    "--enable-pci",
+                ],
+            ),
+        ];
+        for (client, args) in table {
+            let parsed = Args::parse(args).unwrap_or_else(|e| panic!("{client}: {e}"));
+            assert_eq!(
+                parsed.api_sock,
+                Some(PathBuf::from("/tmp/fc.sock")),
+                "{client}"
+            );
+            assert_eq!(
+                parsed.enable_pci,
+                args.contains(&"--enable-pci"),
+                "{client}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_payload_size_defaults_to_firecrackers() {
+        // (arguments, the most bytes of a body)
+        let table: &[(&[&str], usize)] = &[
+            (&[], DEFAULT_MAX_PAYLOAD),
+            (&["--http-api-max-payload-size", "4096"], 4096),
+            (&["--http-api-max-payload-size=1048576"], MAX_BODY_LIMIT),
+        ];
+        for (args, bytes) in table {
+            assert_eq!(Args::parse(args).unwrap().max_payload, *bytes, "{args:?}");
+        }
+        assert_eq!(DEFAULT_MAX_PAYLOAD, 51200);
     }
 }

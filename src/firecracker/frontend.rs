@@ -2,8 +2,10 @@
 //! configure a [`Setup`]; `InstanceStart` and `PUT /snapshot/load` ask the
 //! main thread ([`super::launch`]) to build the VM and wait for its handle;
 //! after that, Firecracker's own endpoints are answered here and the rest
-//! (`PATCH /vm`, `/metrics`, `/debug/pprof/profile`, `/capture`) by
-//! lwpvmm's. Statuses are Firecracker's: 204 for a configuration taken,
+//! (`GET /metrics`, `GET /vm/metrics`, `/debug/pprof/profile`, `/capture`)
+//! by lwpvmm's. A request is routed as Firecracker's API server routes it,
+//! on its path's first segment (`Target`), through one table of endpoints
+//! (`ENDPOINTS`) that says what each does before the start and after it. Statuses are Firecracker's: 204 for a configuration taken,
 //! 400 with a `fault_message` for every refusal.
 
 use std::path::{Path, PathBuf};
@@ -13,9 +15,9 @@ use serde::Deserialize;
 
 use super::launch::{Launch, LaunchError, LoadPlan};
 use super::model::{
-    API_VERSION, Action, ActionType, BootSource, Drive, InstanceInfo, Logger, Lwp,
-    MachineConfigBody, Metrics, NetworkInterface, PartialDrive, SnapshotCreate, SnapshotLoad,
-    Version, Vsock,
+    API_VERSION, APP_NAME, Action, ActionType, BootSource, Drive, InstanceInfo, Logger, Lwp,
+    MachineConfigBody, Metrics, NetworkInterface, PartialDrive, PartialNetworkInterface,
+    SnapshotCreate, SnapshotLoad, Version, Vm, VmState, Vsock,
 };
 use super::setup::{Setup, SetupError};
 use crate::vmm::api::frontend::{Before, Frontend};
@@ -25,50 +27,332 @@ use crate::vmm::snapshot::MEMORY_FILE;
 
 /// Firecracker's answer to a pre-boot request after the start.
 const AFTER_START: &str = "The requested operation is not supported after starting the microVM.";
+/// Firecracker's answer to a request for a running microVM before the
+/// start.
+const BEFORE_START: &str = "The requested operation is not supported before starting the microVM.";
 
-/// Paths only a VM not yet started takes (besides `/drives/…` and
-/// `/network-interfaces/…`).
-const PRE_BOOT: &[&str] = &[
-    "/boot-source",
-    "/machine-config",
-    "/logger",
-    "/metrics",
-    "/lwp",
-    "/vsock",
-    "/snapshot/load",
-];
-
-/// What lwpvmm does not offer at all, by path prefix, and why.
+/// What lwpvmm does not offer at all, by resource (every method, both
+/// phases), and why.
 const NOT_OFFERED: &[(&str, &str)] = &[
     (
-        "/balloon",
+        "balloon",
         "lwpvmm has no balloon device; size mem_size_mib for the guest",
     ),
     (
-        "/mmds",
+        "mmds",
         "lwpvmm has no metadata service (MMDS); pass data on the kernel command line or a drive",
     ),
     (
-        "/entropy",
+        "entropy",
         "lwpvmm has no virtio-rng device; the guest seeds its RNG from RDRAND and RDSEED",
     ),
     (
-        "/cpu-config",
+        "cpu-config",
         "lwpvmm builds the CPUID table for the LWP profile itself (`lwpvmm cpuid` prints it)",
     ),
     (
-        "/pmem",
+        "pmem",
         "lwpvmm has no virtio-pmem device; give the image as a drive",
     ),
     (
-        "/hotplug",
+        "hotplug",
         "lwpvmm has no virtio-mem device; size mem_size_mib for the guest",
     ),
     (
-        "/serial",
+        "serial",
         "the guest's serial console is lwpvmm's standard output, as Firecracker's default",
     ),
 ];
+
+/// A request's path as Firecracker's API server splits it: leading slashes
+/// dropped, the first segment the resource, the second its id or operation
+/// (`/drives/{id}`, `/snapshot/load`); a trailing slash and any further
+/// segment change nothing. So `PUT /vsock/vsock0` is `PUT /vsock` and
+/// `PUT /machine-config/` is `PUT /machine-config`, as clients send them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Target<'a> {
+    resource: &'a str,
+    sub: Option<&'a str>,
+}
+
+impl<'a> Target<'a> {
+    fn of(path: &'a str) -> Self {
+        let mut parts = path.trim_start_matches('/').split_terminator('/');
+        Target {
+            resource: parts.next().unwrap_or(""),
+            sub: parts.next(),
+        }
+    }
+}
+
+/// A request and the segment after its resource.
+struct Call<'a> {
+    r: &'a Request,
+    sub: Option<&'a str>,
+}
+
+/// One endpoint: a method on a resource, what it does before the start,
+/// and after it (`None`: lwpvmm's own endpoints answer).
+struct Endpoint {
+    method: &'static str,
+    resource: &'static str,
+    before: fn(&mut FirecrackerApi, &Call<'_>) -> Before,
+    after: fn(&mut FirecrackerApi, &Call<'_>, &VmmHandle) -> Option<Response>,
+}
+
+/// Every endpoint Firecracker routes that lwpvmm offers, and lwpvmm's
+/// `PUT /lwp`; a (method, resource) not here is Firecracker's "Invalid
+/// request method and/or path" before the start, lwpvmm's endpoints' after.
+const ENDPOINTS: &[Endpoint] = &[
+    Endpoint {
+        method: "GET",
+        resource: "",
+        before: |api, _| Before::Now(api.info("Not started")),
+        after: |api, _, vm| {
+            Some(match vm.is_paused() {
+                Ok(paused) => api.info(if paused { "Paused" } else { "Running" }),
+                Err(e) => Response::fault(e.status(), &e.to_string()),
+            })
+        },
+    },
+    Endpoint {
+        method: "GET",
+        resource: "version",
+        before: |_, _| Before::Now(version()),
+        after: |_, _, _| Some(version()),
+    },
+    Endpoint {
+        method: "GET",
+        resource: "machine-config",
+        before: |api, _| Before::Now(Response::json(200, &api.setup.machine)),
+        after: |api, _, _| Some(Response::json(200, &api.setup.machine)),
+    },
+    Endpoint {
+        method: "GET",
+        resource: "vm",
+        before: |api, c| {
+            Before::Now(match c.sub {
+                Some("config") => Response::json(200, &api.setup.full()),
+                _ => unknown(c.r),
+            })
+        },
+        // Else lwpvmm's GET /vm/metrics.
+        after: |api, c, _| {
+            (c.sub == Some("config")).then(|| Response::json(200, &api.setup.full()))
+        },
+    },
+    Endpoint {
+        method: "PUT",
+        resource: "actions",
+        before: FirecrackerApi::start,
+        after: |_, c, vm| Some(running_action(c.r, vm)),
+    },
+    Endpoint {
+        method: "PUT",
+        resource: "boot-source",
+        before: |api, c| {
+            now(body::<BootSource>(c.r).and_then(|b| applied(api.setup.boot_source(b))))
+        },
+        after: after_start,
+    },
+    Endpoint {
+        method: "PUT",
+        resource: "machine-config",
+        before: |api, c| {
+            now(body::<MachineConfigBody>(c.r)
+                .and_then(|m| applied(api.setup.machine_config(m, true))))
+        },
+        after: after_start,
+    },
+    Endpoint {
+        method: "PATCH",
+        resource: "machine-config",
+        before: |api, c| {
+            now(body::<MachineConfigBody>(c.r)
+                .and_then(|m| applied(api.setup.machine_config(m, false))))
+        },
+        after: after_start,
+    },
+    Endpoint {
+        method: "PUT",
+        resource: "metrics",
+        before: |api, c| now(body::<Metrics>(c.r).and_then(|m| applied(api.setup.metrics(m)))),
+        after: after_start,
+    },
+    Endpoint {
+        method: "PUT",
+        resource: "lwp",
+        before: |api, c| now(body::<Lwp>(c.r).and_then(|l| applied(api.setup.lwp(l)))),
+        after: after_start,
+    },
+    Endpoint {
+        method: "PUT",
+        resource: "logger",
+        before: |api, c| now(api.logger(c.r)),
+        after: after_start,
+    },
+    Endpoint {
+        method: "PUT",
+        resource: "vsock",
+        before: |api, c| now(body::<Vsock>(c.r).and_then(|v| applied(api.setup.vsock(v)))),
+        after: after_start,
+    },
+    Endpoint {
+        method: "PUT",
+        resource: "drives",
+        before: |api, c| {
+            now(path_id(c).and_then(|id| {
+                let drive = body::<Drive>(c.r)?;
+                applied(api.setup.drive(id, drive))
+            }))
+        },
+        after: after_start,
+    },
+    Endpoint {
+        method: "PATCH",
+        resource: "drives",
+        before: before_start,
+        after: |api, c, vm| {
+            Some(
+                path_id(c)
+                    .and_then(|id| Ok((id, body::<PartialDrive>(c.r)?)))
+                    .map_or_else(|e| e, |(id, patch)| api.patch_drive(id, patch, vm)),
+            )
+        },
+    },
+    Endpoint {
+        method: "PUT",
+        resource: "network-interfaces",
+        before: |api, c| {
+            now(path_id(c).and_then(|id| {
+                let net = body::<NetworkInterface>(c.r)?;
+                applied(api.setup.network(id, net))
+            }))
+        },
+        after: after_start,
+    },
+    Endpoint {
+        method: "PATCH",
+        resource: "network-interfaces",
+        before: before_start,
+        after: |api, c, _| {
+            Some(
+                path_id(c)
+                    .and_then(|id| {
+                        let patch = body::<PartialNetworkInterface>(c.r)?;
+                        applied(api.setup.patch_network(id, &patch))
+                    })
+                    .unwrap_or_else(|e| e),
+            )
+        },
+    },
+    Endpoint {
+        method: "PUT",
+        resource: "snapshot",
+        before: |api, c| match c.sub {
+            Some("load") => api.load(c.r),
+            Some("create") => Before::Now(Response::fault(400, BEFORE_START)),
+            _ => Before::Now(unknown(c.r)),
+        },
+        after: |api, c, vm| {
+            Some(match c.sub {
+                Some("create") => api.snapshot(c.r, vm),
+                Some("load") => Response::fault(400, AFTER_START),
+                _ => unknown(c.r),
+            })
+        },
+    },
+    Endpoint {
+        method: "PATCH",
+        resource: "vm",
+        before: before_start,
+        after: |_, c, vm| Some(vm_state(c.r, vm)),
+    },
+];
+
+/// A pre-boot endpoint's answer after the start.
+fn after_start(_: &mut FirecrackerApi, _: &Call<'_>, _: &VmmHandle) -> Option<Response> {
+    Some(Response::fault(400, AFTER_START))
+}
+
+/// A running microVM's endpoint's answer before the start.
+fn before_start(_: &mut FirecrackerApi, _: &Call<'_>) -> Before {
+    Before::Now(Response::fault(400, BEFORE_START))
+}
+
+/// An answer that starts nothing.
+fn now(answer: Result<Response, Response>) -> Before {
+    Before::Now(answer.unwrap_or_else(|e| e))
+}
+
+/// The id the path names after its resource (`/drives/{id}`), as
+/// Firecracker takes ids.
+fn path_id<'a>(c: &Call<'a>) -> Result<&'a str, Response> {
+    match c.sub {
+        Some(id) if valid_id(id) => Ok(id),
+        Some(id) if !id.is_empty() => Err(Response::fault(
+            400,
+            &format!(
+                "`{}` is not an id: an id is 1 to 64 letters, digits or underscores",
+                id.chars().take(64).collect::<String>()
+            ),
+        )),
+        _ => Err(Response::fault(
+            400,
+            &format!(
+                "{} names no id: the path is {}/{{id}}",
+                c.r.path.chars().take(64).collect::<String>(),
+                c.r.path
+                    .trim_end_matches('/')
+                    .chars()
+                    .take(64)
+                    .collect::<String>()
+            ),
+        )),
+    }
+}
+
+/// `PUT /actions` once the microVM runs.
+fn running_action(r: &Request, vm: &VmmHandle) -> Response {
+    match body::<Action>(r) {
+        Ok(Action { action_type }) => match action_type {
+            ActionType::InstanceStart => Response::fault(
+                400,
+                "The microVM is already running: InstanceStart is taken once.",
+            ),
+            ActionType::FlushMetrics => match vm.flush_metrics() {
+                Ok(()) => Response::no_content(),
+                Err(e) => Response::fault(400, &e.to_string()),
+            },
+            ActionType::SendCtrlAltDel => Response::fault(
+                400,
+                "SendCtrlAltDel is not offered by lwpvmm: its machine has no i8042 keyboard to press Ctrl+Alt+Del on; PUT /actions {\"action_type\": \"Stop\"} stops the VM",
+            ),
+            ActionType::Stop => {
+                vm.stop();
+                Response::no_content()
+            }
+        },
+        Err(e) => e,
+    }
+}
+
+/// `PATCH /vm`: pauses or resumes the microVM.
+fn vm_state(r: &Request, vm: &VmmHandle) -> Response {
+    let done = match body::<Vm>(r) {
+        Ok(Vm {
+            state: VmState::Paused,
+        }) => vm.pause(),
+        Ok(Vm {
+            state: VmState::Resumed,
+        }) => vm.resume(),
+        Err(e) => return e,
+    };
+    done.map_or_else(
+        |e| Response::fault(e.status(), &e.to_string()),
+        |()| Response::no_content(),
+    )
+}
 
 /// Firecracker's API for one VM.
 pub struct FirecrackerApi {
@@ -92,7 +376,7 @@ impl FirecrackerApi {
         Response::json(
             200,
             &InstanceInfo {
-                app_name: "lwpvmm",
+                app_name: APP_NAME,
                 id: self.id.clone(),
                 state,
                 vmm_version: API_VERSION,
@@ -116,41 +400,53 @@ impl FirecrackerApi {
         }
     }
 
-    fn configure(&mut self, r: &Request) -> Result<Response, Response> {
-        let id_of = |prefix: &str| r.path.strip_prefix(prefix).filter(|id| valid_id(id));
-        match (r.method.as_str(), r.path.as_str()) {
-            ("PUT", "/boot-source") => applied(self.setup.boot_source(body::<BootSource>(r)?)),
-            ("PUT", "/machine-config") => applied(
-                self.setup
-                    .machine_config(body::<MachineConfigBody>(r)?, true),
-            ),
-            ("PATCH", "/machine-config") => applied(
-                self.setup
-                    .machine_config(body::<MachineConfigBody>(r)?, false),
-            ),
-            ("PUT", "/metrics") => applied(self.setup.metrics(body::<Metrics>(r)?)),
-            ("PUT", "/lwp") => applied(self.setup.lwp(body::<Lwp>(r)?)),
-            ("PUT", "/logger") => {
-                let logger = body::<Logger>(r)?;
-                Setup::check_logger(&logger).map_err(refused)?;
-                if let Some(path) = &logger.log_path {
-                    let path = PathBuf::from(path);
-                    self.ask(|reply| Launch::Logger(path, reply))?;
+    /// `PUT /logger`: the log file is opened by the main thread (the API
+    /// thread may not open files for writing).
+    fn logger(&mut self, r: &Request) -> Result<Response, Response> {
+        let logger = body::<Logger>(r)?;
+        Setup::check_logger(&logger).map_err(refused)?;
+        if let Some(path) = &logger.log_path {
+            let path = PathBuf::from(path);
+            self.ask(|reply| Launch::Logger(path, reply))?;
+        }
+        set_level(logger.level.as_deref());
+        self.setup.logger = Some(logger);
+        Ok(Response::no_content())
+    }
+
+    /// `PUT /actions` before the start: `InstanceStart` builds the VM.
+    fn start(&mut self, c: &Call<'_>) -> Before {
+        match body::<Action>(c.r) {
+            Ok(Action {
+                action_type: ActionType::InstanceStart,
+            }) => {
+                if self.setup.boot.is_none() {
+                    return Before::Now(refused(SetupError::NoKernel));
                 }
-                set_level(logger.level.as_deref());
-                self.setup.logger = Some(logger);
-                Ok(Response::no_content())
+                let setup = Box::new(self.setup.clone());
+                match self.ask(|reply| Launch::Boot(setup, reply)) {
+                    Ok(started) => Before::Started(Response::no_content(), started),
+                    Err(r) => Before::Now(r),
+                }
             }
-            ("PUT", "/vsock") => applied(self.setup.vsock(body::<Vsock>(r)?)),
-            ("PUT", _) if id_of("/drives/").is_some() => {
-                let id = id_of("/drives/").unwrap_or_default().to_owned();
-                applied(self.setup.drive(&id, body::<Drive>(r)?))
+            Ok(Action { action_type }) => Before::Now(Response::fault(
+                400,
+                &format!("{action_type:?} needs a running microVM: send InstanceStart first"),
+            )),
+            Err(r) => Before::Now(r),
+        }
+    }
+
+    /// `PUT /snapshot/load`: the VM is built from the snapshot.
+    fn load(&mut self, r: &Request) -> Before {
+        match self.load_plan(r) {
+            Ok(plan) => {
+                match self.ask(|reply| Launch::Load(plan, Box::new(self.setup.clone()), reply)) {
+                    Ok(started) => Before::Started(Response::no_content(), started),
+                    Err(r) => Before::Now(r),
+                }
             }
-            ("PUT", _) if id_of("/network-interfaces/").is_some() => {
-                let id = id_of("/network-interfaces/").unwrap_or_default().to_owned();
-                applied(self.setup.network(&id, body::<NetworkInterface>(r)?))
-            }
-            _ => Err(unknown(r)),
+            Err(r) => Before::Now(r),
         }
     }
 
@@ -260,16 +556,23 @@ fn body<'a, T: Deserialize<'a>>(r: &'a Request) -> Result<T, Response> {
     })
 }
 
+/// The refusal of a request to a resource lwpvmm does not offer.
+fn not_offered(r: &Request) -> Option<Response> {
+    let resource = Target::of(&r.path).resource;
+    let (_, why) = NOT_OFFERED.iter().find(|(p, _)| *p == resource)?;
+    Some(Response::fault(
+        400,
+        &format!(
+            "{} is not offered by lwpvmm: {why}",
+            r.path.chars().take(64).collect::<String>()
+        ),
+    ))
+}
+
 /// Firecracker's answer to a path or method it has not.
 fn unknown(r: &Request) -> Response {
-    if let Some((_, why)) = NOT_OFFERED.iter().find(|(p, _)| r.path.starts_with(p)) {
-        return Response::fault(
-            400,
-            &format!(
-                "{} is not offered by lwpvmm: {why}",
-                r.path.chars().take(64).collect::<String>()
-            ),
-        );
+    if let Some(refusal) = not_offered(r) {
+        return refusal;
     }
     Response::fault(
         400,
@@ -295,94 +598,28 @@ pub fn set_level(level: Option<&str>) {
     log::set_max_level(filter);
 }
 
+/// The endpoint `r` asks for, and the segment after its resource.
+fn endpoint(r: &Request) -> (Option<&'static Endpoint>, Call<'_>) {
+    let target = Target::of(&r.path);
+    let found = ENDPOINTS
+        .iter()
+        .find(|e| e.method == r.method && e.resource == target.resource);
+    (found, Call { r, sub: target.sub })
+}
+
 impl Frontend for FirecrackerApi {
     fn before_start(&mut self, r: &Request) -> Before {
-        let answer = match (r.method.as_str(), r.path.as_str()) {
-            ("GET", "/") => Ok(self.info("Not started")),
-            ("GET", "/version") => Ok(version()),
-            ("GET", "/machine-config") => Ok(Response::json(200, &self.setup.machine)),
-            ("GET", "/vm/config") => Ok(Response::json(200, &self.setup.full())),
-            ("PUT", "/actions") => match body::<Action>(r) {
-                Ok(Action {
-                    action_type: ActionType::InstanceStart,
-                }) => {
-                    if self.setup.boot.is_none() {
-                        Err(refused(SetupError::NoKernel))
-                    } else {
-                        let setup = Box::new(self.setup.clone());
-                        match self.ask(|reply| Launch::Boot(setup, reply)) {
-                            Ok(started) => return Before::Started(Response::no_content(), started),
-                            Err(r) => Err(r),
-                        }
-                    }
-                }
-                Ok(Action { action_type }) => Err(Response::fault(
-                    400,
-                    &format!("{action_type:?} needs a running microVM: send InstanceStart first"),
-                )),
-                Err(r) => Err(r),
-            },
-            ("PUT", "/snapshot/load") => match self.load_plan(r) {
-                Ok(plan) => match self
-                    .ask(|reply| Launch::Load(plan, Box::new(self.setup.clone()), reply))
-                {
-                    Ok(started) => return Before::Started(Response::no_content(), started),
-                    Err(r) => Err(r),
-                },
-                Err(r) => Err(r),
-            },
-            ("PUT", "/snapshot/create") | ("PATCH", "/vm") => Err(Response::fault(
-                400,
-                "The requested operation is not supported before starting the microVM.",
-            )),
-            _ => self.configure(r),
-        };
-        Before::Now(answer.unwrap_or_else(|e| e))
+        match endpoint(r) {
+            (Some(e), call) => (e.before)(self, &call),
+            (None, _) => Before::Now(unknown(r)),
+        }
     }
 
     fn after_start(&mut self, r: &Request, vm: &VmmHandle) -> Option<Response> {
-        let pre_boot = PRE_BOOT.contains(&r.path.as_str())
-            || r.path.starts_with("/network-interfaces/")
-            || (r.path.starts_with("/drives/") && r.method == "PUT");
-        let answer = match (r.method.as_str(), r.path.as_str()) {
-            ("GET", "/") => match vm.is_paused() {
-                Ok(paused) => self.info(if paused { "Paused" } else { "Running" }),
-                Err(e) => Response::fault(e.status(), &e.to_string()),
-            },
-            ("GET", "/version") => version(),
-            ("GET", "/machine-config") => Response::json(200, &self.setup.machine),
-            ("GET", "/vm/config") => Response::json(200, &self.setup.full()),
-            (_, _) if pre_boot && r.method != "GET" => Response::fault(400, AFTER_START),
-            ("PATCH", _) if r.path.starts_with("/drives/") => {
-                let id = r.path.trim_start_matches("/drives/").to_owned();
-                match body::<PartialDrive>(r) {
-                    Ok(patch) => self.patch_drive(&id, patch, vm),
-                    Err(e) => e,
-                }
-            }
-            ("PUT", "/actions") => match body::<Action>(r) {
-                Ok(Action { action_type }) => match action_type {
-                    ActionType::InstanceStart => Response::fault(
-                        400,
-                        "The microVM is already running: InstanceStart is taken once.",
-                    ),
-                    ActionType::FlushMetrics => match vm.flush_metrics() {
-                        Ok(()) => Response::no_content(),
-                        Err(e) => Response::fault(400, &e.to_string()),
-                    },
-                    ActionType::SendCtrlAltDel => Response::fault(
-                        400,
-                        "SendCtrlAltDel is not offered by lwpvmm: its machine has no i8042 keyboard to press Ctrl+Alt+Del on; PUT /actions {\"action_type\": \"Stop\"} stops the VM",
-                    ),
-                    ActionType::Stop => return None,
-                },
-                Err(e) => e,
-            },
-            ("PUT", "/snapshot/create") => return self.snapshot(r, vm),
-            _ if NOT_OFFERED.iter().any(|(p, _)| r.path.starts_with(p)) => unknown(r),
-            _ => return None,
-        };
-        Some(answer)
+        match endpoint(r) {
+            (Some(e), call) => (e.after)(self, &call, vm),
+            (None, _) => not_offered(r),
+        }
     }
 }
 
@@ -411,34 +648,34 @@ impl FirecrackerApi {
     }
 
     /// `PUT /snapshot/create` in Firecracker's shape.
-    fn snapshot(&self, r: &Request, vm: &VmmHandle) -> Option<Response> {
+    fn snapshot(&self, r: &Request, vm: &VmmHandle) -> Response {
         let create = match body::<SnapshotCreate>(r) {
             Ok(c) => c,
-            Err(e) => return Some(e),
+            Err(e) => return e,
         };
         let dir = PathBuf::from(&create.snapshot_path);
         if let Some(memory) = &create.mem_file_path
             && let Err(e) = memory_in(&dir, memory)
         {
-            return Some(e);
+            return e;
         }
         let kind = match create.snapshot_type.as_deref() {
             None | Some("Full") => SnapshotKind::Full,
             Some("Diff") => SnapshotKind::Diff,
             Some(other) => {
-                return Some(Response::fault(
+                return Response::fault(
                     400,
                     &format!(
                         "snapshot_type `{}` is not Full or Diff",
                         other.chars().take(32).collect::<String>()
                     ),
-                ));
+                );
             }
         };
-        Some(match vm.snapshot_of(&dir, kind) {
+        match vm.snapshot_of(&dir, kind) {
             Ok(_) => Response::no_content(),
             Err(e) => Response::fault(e.status(), &e.to_string()),
-        })
+        }
     }
 }
 
@@ -449,4 +686,48 @@ fn version() -> Response {
             firecracker_version: API_VERSION,
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_split_as_firecracker_splits_them() {
+        // (path, resource, the segment after it)
+        let table = [
+            ("/", "", None),
+            ("", "", None),
+            ("/machine-config", "machine-config", None),
+            ("/machine-config/", "machine-config", None),
+            ("//machine-config", "machine-config", None),
+            ("/vsock/vsock0", "vsock", Some("vsock0")),
+            ("/drives/rootfs/extra", "drives", Some("rootfs")),
+            ("/drives/", "drives", None),
+            ("/drives//", "drives", Some("")),
+            ("/vm/config/", "vm", Some("config")),
+        ];
+        for (path, resource, sub) in table {
+            assert_eq!(Target::of(path), Target { resource, sub }, "{path}");
+        }
+    }
+
+    #[test]
+    fn each_method_and_resource_has_one_endpoint() {
+        for (i, e) in ENDPOINTS.iter().enumerate() {
+            assert!(
+                !ENDPOINTS[..i]
+                    .iter()
+                    .any(|o| o.method == e.method && o.resource == e.resource),
+                "{} /{} twice",
+                e.method,
+                e.resource
+            );
+            assert!(
+                !NOT_OFFERED.iter().any(|(r, _)| *r == e.resource),
+                "/{} is offered and not",
+                e.resource
+            );
+        }
+    }
 }

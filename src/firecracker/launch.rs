@@ -177,6 +177,21 @@ pub fn boot(setup: &Setup, settings: HostSettings) -> Result<(Vmm, Started), Lau
     let fresh = vsock
         .as_deref()
         .is_some_and(|p| p.symlink_metadata().is_err());
+    let asynchronous: Vec<&str> = setup
+        .drives
+        .iter()
+        .filter(|d| d.io_engine.as_deref() == Some("Async"))
+        .map(|d| d.drive_id.as_str())
+        .collect();
+    if !asynchronous.is_empty() {
+        // Taken rather than refused (bandsox always sends it): the guest
+        // sees the same virtio-blk either way. A warning, so that it shows
+        // at the level a Firecracker run starts with.
+        log::warn!(
+            "io_engine Async (drive {}): lwpvmm's block device has one engine, I/O on its device thread (Sync); the drive works as with Sync",
+            asynchronous.join(", ")
+        );
+    }
     let vmm = match crate::vmm::build_for_boot(&config) {
         Ok(vmm) => vmm,
         Err(e) => {

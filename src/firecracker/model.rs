@@ -78,10 +78,11 @@ pub struct Drive {
     /// The root partition's UUID (`root=PARTUUID=`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partuuid: Option<String>,
-    /// `Unsafe` only here.
+    /// `Unsafe` (Firecracker's default) or `Writeback`: lwpvmm's drives
+    /// are Writeback either way.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_type: Option<String>,
-    /// `Sync` only here.
+    /// `Sync` or `Async`: lwpvmm's drives are Sync either way.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub io_engine: Option<String>,
     /// Refused: lwpvmm has no rate limiters.
@@ -125,6 +126,20 @@ pub struct NetworkInterface {
     pub rx_rate_limiter: Option<serde_json::Value>,
     /// Refused: no rate limiters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tx_rate_limiter: Option<serde_json::Value>,
+}
+
+/// `PATCH /network-interfaces/{id}` (`PartialNetworkInterface`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PartialNetworkInterface {
+    /// Its id, as in the path.
+    pub iface_id: String,
+    /// Refused: no rate limiters.
+    #[serde(default)]
+    pub rx_rate_limiter: Option<serde_json::Value>,
+    /// Refused: no rate limiters.
+    #[serde(default)]
     pub tx_rate_limiter: Option<serde_json::Value>,
 }
 
@@ -195,6 +210,23 @@ pub enum ActionType {
     FlushMetrics,
     /// lwpvmm's: stop the VM.
     Stop,
+}
+
+/// `PATCH /vm` (`Vm`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Vm {
+    /// What the microVM is to be.
+    pub state: VmState,
+}
+
+/// `Vm`'s states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum VmState {
+    /// Every vCPU stopped.
+    Paused,
+    /// Running again.
+    Resumed,
 }
 
 /// `PUT /snapshot/load` (`SnapshotLoadParams`).
@@ -281,15 +313,19 @@ pub struct Lwp {
 /// `GET /`: `InstanceInfo`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct InstanceInfo {
-    /// `Firecracker`'s place: `lwpvmm`.
+    /// [`APP_NAME`], where Firecracker says `Firecracker`: how a client
+    /// tells lwpvmm from Firecracker.
     pub app_name: &'static str,
     /// `--id`.
     pub id: String,
     /// `Not started`, `Running` or `Paused`.
     pub state: &'static str,
-    /// The API version lwpvmm follows.
+    /// [`API_VERSION`], as `GET /version` says it.
     pub vmm_version: &'static str,
 }
+
+/// `GET /`'s `app_name`.
+pub const APP_NAME: &str = "lwpvmm";
 
 /// `GET /version`: `FirecrackerVersion`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -299,8 +335,11 @@ pub struct Version {
 }
 
 /// The version of Firecracker's API lwpvmm follows: that of the vendored
-/// firecracker.yaml.
-pub const API_VERSION: &str = "1.17.0-dev";
+/// firecracker.yaml (`1.17.0-dev`) without its pre-release suffix, which
+/// semver sorts below 1.17.0, so that a client's check for "1.17 or later"
+/// takes it. lwpvmm's own version is `--version`'s and the API's `Server`
+/// header's.
+pub const API_VERSION: &str = "1.17.0";
 
 /// `GET /vm/config` and `--config-file`: `FullVmConfiguration`, and `lwp`.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]

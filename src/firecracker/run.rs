@@ -113,6 +113,14 @@ pub fn main(args: &[String], out: &mut dyn Write) -> Result<u8, RunError> {
         crate::log_sink::redirect(launch::open_log(path)?);
     }
     set_level(args.level.as_deref());
+    if args.enable_pci {
+        // Taken so that a client that always passes it (microheart) starts
+        // lwpvmm; its guest then finds its devices on virtio-mmio,
+        // Firecracker's default transport, which its guest kernels have.
+        log::warn!(
+            "--enable-pci: lwpvmm has no PCI transport; the microVM's devices are on virtio-mmio, as without the option"
+        );
+    }
     let mut setup = match &args.config_file {
         Some(path) => {
             let setup = Setup::from_file(read_config(path)?)?;
@@ -146,7 +154,8 @@ pub fn main(args: &[String], out: &mut dyn Write) -> Result<u8, RunError> {
         sock: Some(sock),
         ..ApiConfig::default()
     })?
-    .ok_or(RunError::ApiGone)?;
+    .ok_or(RunError::ApiGone)?
+    .max_body(args.max_payload);
     let (launcher, launches) = channel();
     let api = FirecrackerApi::new(setup.clone(), args.id.clone(), launcher);
     if args.config_file.is_some() {

@@ -1,8 +1,8 @@
 //! The machine a Firecracker client configures before `InstanceStart`:
 //! each pre-boot request applied to a [`Setup`], checked as Firecracker
 //! checks it, and what lwpvmm does not offer refused by name. Pure: the
-//! files it names are only looked at (exists, regular) here; the launcher
-//! opens them.
+//! files it names are only looked at (exists, regular) here, and a tap's
+//! entry in /sys/class/net read; the launcher opens them.
 
 use std::path::{Path, PathBuf};
 
@@ -10,7 +10,7 @@ use thiserror::Error;
 
 use super::model::{
     BootSource, Drive, FullConfig, Logger, Lwp, MachineConfig, MachineConfigBody, Metrics,
-    NetworkInterface, Vsock,
+    NetworkInterface, PartialNetworkInterface, Vsock,
 };
 use crate::lwp::cpuid::{GuestLwpSupport, LwpProfile};
 use crate::vmm::config::{DEFAULT_MEMORY_MIB, SupervisorMode};
@@ -21,6 +21,11 @@ pub const MAX_VCPUS: u64 = 32;
 pub const MAX_DEVICES: usize = 8;
 /// The sampler's rate unless `lwp.sample_hz` says otherwise.
 pub const DEFAULT_SAMPLE_HZ: u32 = 1000;
+/// Where the host lists its network interfaces, a tun/tap device's with
+/// its `tun_flags`.
+pub const HOST_INTERFACES: &str = "/sys/class/net";
+/// `IFF_TAP` in `tun_flags` (linux/if_tun.h): a tap, not a tun.
+const IFF_TAP: u32 = 0x0002;
 
 /// Why a request was refused: each says what to send instead.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -57,6 +62,14 @@ pub enum SetupError {
         /// The path.
         path: String,
         /// What is wrong.
+        why: String,
+    },
+    /// A host interface that is not a tap.
+    #[error("host_dev_name {name}: {why}")]
+    Tap {
+        /// The interface's name.
+        name: String,
+        /// What it is, and what to do.
         why: String,
     },
     /// A second root device.
@@ -128,6 +141,9 @@ pub struct Setup {
     pub lwp: LwpSetup,
     /// The `lwp` object as given, for `GET /vm/config`.
     pub lwp_body: Option<Lwp>,
+    /// Where the host's network interfaces are listed
+    /// ([`HOST_INTERFACES`]; a test's directory in tests).
+    pub interfaces: PathBuf,
 }
 
 impl Default for Setup {
@@ -148,6 +164,7 @@ impl Default for Setup {
             metrics: None,
             lwp: LwpSetup::default(),
             lwp_body: None,
+            interfaces: PathBuf::from(HOST_INTERFACES),
         }
     }
 }
@@ -176,6 +193,72 @@ fn regular_file(field: &'static str, path: &str) -> Result<(), SetupError> {
                 e => e.to_string(),
             },
         })
+}
+
+/// At most 32 characters of client text, for a message.
+fn shown(text: &str) -> String {
+    text.chars().take(32).collect()
+}
+
+/// Whether `name` can name a network interface, as Linux's
+/// `dev_valid_name` has it (so it is one path component beneath
+/// [`HOST_INTERFACES`], too).
+fn interface_name(name: &str) -> bool {
+    (1..16).contains(&name.len())
+        && name != "."
+        && name != ".."
+        && !name
+            .chars()
+            .any(|c| c == '/' || c == ':' || c.is_whitespace())
+}
+
+/// The most bytes of a sysfs attribute (a page; sysfs reports that size).
+const SYSFS_ATTRIBUTE: u64 = 4096;
+
+/// Checks that `name` is a tap on this host when it is PUT, as Firecracker
+/// checks it then, rather than at the start: `interfaces` (/sys/class/net)
+/// lists it, and its `tun_flags` say tap. Both read without privilege;
+/// whether lwpvmm may open it (CAP_NET_ADMIN, or the tap's owner) only the
+/// start tells. /sys/class/net shows the network namespace sysfs was
+/// mounted in, which `ip netns exec` mounts for the one it enters. With no
+/// such directory to look in (no sysfs), the start alone checks.
+fn tap(interfaces: &Path, name: &str) -> Result<(), SetupError> {
+    if !crate::hostfs::is_dir(interfaces) {
+        return Ok(());
+    }
+    let refused = |why: String| SetupError::Tap {
+        name: name.to_owned(),
+        why,
+    };
+    let another = "name a tap instead (`ip tuntap add dev TAP mode tap` makes one)";
+    let device = interfaces.join(name);
+    if !crate::hostfs::is_dir(&device) {
+        return Err(refused(format!(
+            "no network interface of that name ({} lists this host's); create it first with `ip tuntap add dev {name} mode tap`",
+            interfaces.display()
+        )));
+    }
+    let flags = match crate::hostfs::read_input(
+        &device.join("tun_flags"),
+        SYSFS_ATTRIBUTE,
+        "a sysfs attribute's size",
+    ) {
+        Ok(bytes) => bytes,
+        Err(e) if e.is_missing() => {
+            return Err(refused(format!(
+                "a network interface, but not a tap (a tun/tap device has tun_flags); {another}"
+            )));
+        }
+        // Unreadable flags do not say it is no tap: the start tells.
+        Err(_) => return Ok(()),
+    };
+    let text = String::from_utf8_lossy(&flags);
+    match u32::from_str_radix(text.trim().trim_start_matches("0x"), 16) {
+        Ok(flags) if flags & IFF_TAP == 0 => Err(refused(format!(
+            "a tun device (IP packets), not a tap (Ethernet frames); {another}"
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// A MAC as `aa:bb:cc:dd:ee:ff`.
@@ -286,20 +369,26 @@ impl Setup {
             "socket",
             "lwpvmm has no vhost-user-block; give path_on_host, a raw image",
         )?;
+        // lwpvmm's drives are Writeback (VIRTIO_BLK_F_FLUSH offered, a
+        // flush answered after fdatasync), which keeps every promise Unsafe
+        // makes, and Sync (I/O on the device thread), which serves what
+        // Async would: each of the four is taken (README).
         if let Some(c) = drive.cache_type.as_deref()
             && c != "Unsafe"
+            && c != "Writeback"
         {
-            return Err(SetupError::NotOffered {
+            return Err(SetupError::Invalid {
                 field: "cache_type",
-                why: "lwpvmm's virtio-blk offers no flush (Writeback); send \"Unsafe\" or leave it out",
+                why: format!("`{}` is not Unsafe or Writeback", shown(c)),
             });
         }
         if let Some(e) = drive.io_engine.as_deref()
             && e != "Sync"
+            && e != "Async"
         {
-            return Err(SetupError::NotOffered {
+            return Err(SetupError::Invalid {
                 field: "io_engine",
-                why: "lwpvmm's block device does its I/O on its device thread (Sync); send \"Sync\" or leave it out",
+                why: format!("`{}` is not Sync or Async", shown(e)),
             });
         }
         let Some(path) = &drive.path_on_host else {
@@ -359,6 +448,34 @@ impl Setup {
         Ok((index, path))
     }
 
+    /// `PATCH /network-interfaces/{id}` after the start: it changes an
+    /// interface's rate limiters, which lwpvmm has not; without one it
+    /// changes nothing, as in Firecracker.
+    pub fn patch_network(
+        &self,
+        id: &str,
+        patch: &PartialNetworkInterface,
+    ) -> Result<(), SetupError> {
+        if patch.iface_id != id {
+            return Err(SetupError::IdMismatch {
+                path: id.to_owned(),
+                body: patch.iface_id.clone(),
+            });
+        }
+        refuse(&patch.rx_rate_limiter, "rx_rate_limiter", NO_RATE_LIMITERS)?;
+        refuse(&patch.tx_rate_limiter, "tx_rate_limiter", NO_RATE_LIMITERS)?;
+        if !self.nets.iter().any(|n| n.iface_id == id) {
+            return Err(SetupError::Invalid {
+                field: "iface_id",
+                why: format!(
+                    "no network interface `{}` was added before the start",
+                    shown(id)
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// `PUT /network-interfaces/{id}`.
     pub fn network(&mut self, id: &str, net: NetworkInterface) -> Result<(), SetupError> {
         if net.iface_id != id {
@@ -374,15 +491,16 @@ impl Setup {
             "mtu",
             "lwpvmm's virtio-net does not offer VIRTIO_NET_F_MTU; set the MTU in the guest",
         )?;
-        if net.host_dev_name.is_empty() || net.host_dev_name.len() > 15 {
+        if !interface_name(&net.host_dev_name) {
             return Err(SetupError::Invalid {
                 field: "host_dev_name",
-                why: "a tap's name is 1 to 15 bytes".into(),
+                why: "a tap's name is 1 to 15 bytes, not `.` or `..`, without `/`, `:` or white space".into(),
             });
         }
         if let Some(mac) = &net.guest_mac {
             parse_mac(mac)?;
         }
+        tap(&self.interfaces, &net.host_dev_name)?;
         let full = self.nets.len() >= MAX_DEVICES;
         match self.nets.iter_mut().find(|n| n.iface_id == id) {
             Some(old) => *old = net,
@@ -464,6 +582,21 @@ impl Setup {
             return Err(SetupError::Invalid {
                 field: "metrics",
                 why: "the metrics are configured already (Firecracker allows it once)".into(),
+            });
+        }
+        // Looked at now, as Firecracker opens it now; lwpvmm writes it
+        // from the start on, each time under a fresh name renamed over it.
+        let path = Path::new(&metrics.metrics_path);
+        let dir = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        if path.file_name().is_none() || crate::hostfs::is_dir(path) || !crate::hostfs::is_dir(dir)
+        {
+            return Err(SetupError::File {
+                field: "metrics_path",
+                path: metrics.metrics_path.clone(),
+                why: "not a file in a directory that exists: name one there".into(),
             });
         }
         self.metrics = Some(metrics);
@@ -646,6 +779,107 @@ pub fn refuse_features(config: &FullConfig) -> Result<(), SetupError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tap_is_looked_for_when_it_is_put() {
+        let dir = crate::hostfs::TempDir::new("lwpvmm-setup-taps").unwrap();
+        let interfaces = dir.path().join("net");
+        for (name, flags) in [
+            ("tap0", Some("0x1002\n")),
+            ("tun0", Some("0x1001\n")),
+            ("odd0", Some("garbage\n")),
+            ("eth0", None),
+        ] {
+            std::fs::create_dir_all(interfaces.join(name)).unwrap();
+            if let Some(flags) = flags {
+                std::fs::write(interfaces.join(name).join("tun_flags"), flags).unwrap();
+            }
+        }
+        // (interfaces, tap, None when taken or the refusal's words)
+        let table = [
+            (&interfaces, "tap0", None),
+            (
+                &interfaces,
+                "nosuch0",
+                Some("no network interface of that name"),
+            ),
+            (&interfaces, "tun0", Some("a tun device")),
+            (&interfaces, "eth0", Some("not a tap")),
+            // Flags it cannot read do not say it is no tap: the start tells.
+            (&interfaces, "odd0", None),
+            (&interfaces, "..", Some("a tap's name is")),
+            (&interfaces, "a/b", Some("a tap's name is")),
+            (&interfaces, "sixteen-bytes-xx", Some("a tap's name is")),
+            // No sysfs to look in: the start alone checks.
+            (&dir.path().join("none"), "nosuch0", None),
+        ];
+        for (at, tap, refused) in table {
+            let mut setup = Setup {
+                interfaces: at.clone(),
+                ..Setup::default()
+            };
+            let got = setup.network(
+                "eth0",
+                NetworkInterface {
+                    iface_id: "eth0".into(),
+                    host_dev_name: tap.into(),
+                    guest_mac: None,
+                    mtu: None,
+                    rx_rate_limiter: None,
+                    tx_rate_limiter: None,
+                },
+            );
+            match (got, refused) {
+                (Ok(()), None) => assert_eq!(setup.nets.len(), 1, "{tap}"),
+                (Err(e), Some(words)) => {
+                    let text = e.to_string();
+                    assert!(text.contains(words), "{tap}: {text}");
+                    assert!(setup.nets.is_empty(), "{tap}");
+                }
+                (got, want) => panic!("{tap}: {got:?}, expected {want:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn every_cache_type_and_io_engine_of_firecracker_is_taken() {
+        let dir = crate::hostfs::TempDir::new("lwpvmm-setup-drives").unwrap();
+        let image = dir.path().join("disk.img");
+        std::fs::write(&image, [0u8; 512]).unwrap();
+        // (cache_type, io_engine, None when taken or the refusal's words)
+        let table = [
+            (None, None, None),
+            (Some("Unsafe"), Some("Sync"), None),
+            (Some("Writeback"), Some("Async"), None),
+            (
+                Some("Directsync"),
+                None,
+                Some("`Directsync` is not Unsafe or Writeback"),
+            ),
+            (None, Some("Uring"), Some("`Uring` is not Sync or Async")),
+        ];
+        for (cache, engine, refused) in table {
+            let got = Setup::default().drive(
+                "d",
+                Drive {
+                    drive_id: "d".into(),
+                    path_on_host: Some(image.display().to_string()),
+                    is_root_device: false,
+                    is_read_only: false,
+                    partuuid: None,
+                    cache_type: cache.map(str::to_owned),
+                    io_engine: engine.map(str::to_owned),
+                    rate_limiter: None,
+                    socket: None,
+                },
+            );
+            match (got, refused) {
+                (Ok(()), None) => {}
+                (Err(e), Some(words)) => assert!(e.to_string().contains(words), "{e}"),
+                (got, want) => panic!("{cache:?} {engine:?}: {got:?}, expected {want:?}"),
+            }
+        }
+    }
 
     #[test]
     fn the_lwp_body_chooses_the_supervisor_mode() {

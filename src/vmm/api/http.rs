@@ -10,8 +10,12 @@ use thiserror::Error;
 
 /// The most bytes a request's head (request line and header fields) takes.
 pub const MAX_HEAD: usize = 8192;
-/// The most bytes a request's body takes.
+/// The most bytes a request's body takes, unless the API is told
+/// otherwise ([`super::ApiListeners::max_body`]).
 pub const MAX_BODY: usize = 16384;
+/// The most bytes a request's body may be allowed to take: bodies are held
+/// whole, up to this much for each of the connections open at once.
+pub const MAX_BODY_LIMIT: usize = 1 << 20;
 /// The most header fields a request has.
 const MAX_HEADERS: usize = 32;
 
@@ -21,9 +25,14 @@ pub enum HttpError {
     /// The head outgrew [`MAX_HEAD`].
     #[error("the request head is larger than {MAX_HEAD} bytes")]
     HeadTooLarge,
-    /// Content-Length is past [`MAX_BODY`].
-    #[error("the request body ({0} bytes) is larger than {MAX_BODY} bytes")]
-    BodyTooLarge(u64),
+    /// Content-Length is past the API's limit.
+    #[error("the request body ({len} bytes) is larger than {max} bytes")]
+    BodyTooLarge {
+        /// What Content-Length says.
+        len: u64,
+        /// The most bytes a body takes here.
+        max: usize,
+    },
     /// Not HTTP/1.x as this server takes it.
     #[error("malformed request: {0}")]
     Malformed(String),
@@ -40,7 +49,7 @@ impl HttpError {
     pub fn status(&self) -> Option<u16> {
         match self {
             HttpError::HeadTooLarge => Some(431),
-            HttpError::BodyTooLarge(_) => Some(413),
+            HttpError::BodyTooLarge { .. } => Some(413),
             HttpError::Malformed(_) => Some(400),
             HttpError::Closed | HttpError::Io(_) => None,
         }
@@ -60,8 +69,9 @@ pub struct Request {
     pub body: Vec<u8>,
 }
 
-/// Reads one request from `from`, blocking (for tests and simple
-/// clients; the server feeds [`parse_request`] as bytes arrive).
+/// Reads one request from `from`, its body at most [`MAX_BODY`] bytes,
+/// blocking (for tests and simple clients; the server feeds
+/// [`parse_request`] as bytes arrive).
 pub fn read_request(from: &mut impl Read) -> Result<Request, HttpError> {
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
@@ -71,23 +81,24 @@ pub fn read_request(from: &mut impl Read) -> Result<Request, HttpError> {
             return Err(HttpError::Closed);
         }
         buf.extend_from_slice(&chunk[..n]);
-        if let Some(request) = parse_request(&buf)? {
+        if let Some(request) = parse_request(&buf, MAX_BODY)? {
             return Ok(request);
         }
     }
 }
 
 /// The request `buf` holds, once all of it has arrived (`None` until
-/// then). What follows its body is ignored.
-pub fn parse_request(buf: &[u8]) -> Result<Option<Request>, HttpError> {
+/// then), its body at most `max_body` bytes. What follows its body is
+/// ignored.
+pub fn parse_request(buf: &[u8], max_body: usize) -> Result<Option<Request>, HttpError> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut head = httparse::Request::new(&mut headers);
     match head.parse(buf) {
         Ok(httparse::Status::Complete(len)) if len > MAX_HEAD => Err(HttpError::HeadTooLarge),
         Ok(httparse::Status::Complete(len)) => {
-            let (mut request, body_len) = parts(&head)?;
-            // Bounded by MAX_BODY in `parts`.
-            let body_len = usize::try_from(body_len).unwrap_or(MAX_BODY);
+            let (mut request, body_len) = parts(&head, max_body)?;
+            // Bounded by `max_body` in `parts`.
+            let body_len = usize::try_from(body_len).unwrap_or(max_body);
             match buf.get(len..len + body_len) {
                 Some(body) => {
                     request.body = body.to_vec();
@@ -106,7 +117,7 @@ pub fn parse_request(buf: &[u8]) -> Result<Option<Request>, HttpError> {
 }
 
 /// The request line's parts and the body's length.
-fn parts(head: &httparse::Request<'_, '_>) -> Result<(Request, u64), HttpError> {
+fn parts(head: &httparse::Request<'_, '_>, max_body: usize) -> Result<(Request, u64), HttpError> {
     let (Some(method), Some(target)) = (head.method, head.path) else {
         return Err(HttpError::Malformed("no request line".into()));
     };
@@ -124,8 +135,11 @@ fn parts(head: &httparse::Request<'_, '_>) -> Result<(Request, u64), HttpError> 
                 .ok_or_else(|| HttpError::Malformed("Content-Length is not a number".into()))?;
         }
     }
-    if body_len > MAX_BODY as u64 {
-        return Err(HttpError::BodyTooLarge(body_len));
+    if body_len > max_body as u64 {
+        return Err(HttpError::BodyTooLarge {
+            len: body_len,
+            max: max_body,
+        });
     }
     let (path, query) = match target.split_once('?') {
         Some((path, query)) => (path, Some(query.to_owned())),
@@ -225,10 +239,13 @@ impl Response {
 
     /// Its bytes on the wire.
     pub fn to_bytes(&self) -> Vec<u8> {
+        // lwpvmm's own version rides in Server: Firecracker's GET /version
+        // and GET / carry the version of Firecracker's API it follows.
         let mut head = format!(
-            "HTTP/1.1 {} {}\r\nServer: lwpvmm\r\nConnection: close\r\nContent-Length: {}\r\n",
+            "HTTP/1.1 {} {}\r\nServer: lwpvmm/{}\r\nConnection: close\r\nContent-Length: {}\r\n",
             self.status,
             reason(self.status),
+            env!("CARGO_PKG_VERSION"),
             self.body.len()
         );
         if !self.content_type.is_empty() {
@@ -324,6 +341,45 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_body_limit_is_the_one_given() {
+        // (Content-Length, the limit, whether the request is taken)
+        let table = [
+            (16384, MAX_BODY, true),
+            (16385, MAX_BODY, false),
+            // Firecracker's default --http-api-max-payload-size.
+            (51200, 51200, true),
+            (51201, 51200, false),
+            (1, 0, false),
+        ];
+        for (len, max, taken) in table {
+            let mut bytes =
+                format!("PUT /drives/a HTTP/1.1\r\nContent-Length: {len}\r\n\r\n").into_bytes();
+            bytes.resize(bytes.len() + len, b' ');
+            match parse_request(&bytes, max) {
+                Ok(Some(r)) => assert!(taken && r.body.len() == len, "{len} of {max}"),
+                Err(e) => {
+                    assert!(!taken, "{len} of {max}: {e}");
+                    assert_eq!(e.status(), Some(413));
+                    assert!(e.to_string().contains(&format!("larger than {max} bytes")));
+                }
+                Ok(None) => panic!("{len} of {max}: the whole request is there"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_server_header_names_lwpvmms_version() {
+        let wire = String::from_utf8(Response::no_content().to_bytes()).unwrap();
+        assert!(
+            wire.contains(&format!(
+                "\r\nServer: lwpvmm/{}\r\n",
+                env!("CARGO_PKG_VERSION")
+            )),
+            "{wire}"
+        );
     }
 
     #[test]

@@ -131,6 +131,8 @@ pub struct ApiListeners {
     file: Option<SocketFile>,
     sysroot: Option<Arc<Sysroot>>,
     kernel: Option<KernelSymbols>,
+    /// The most bytes a request's body takes.
+    max_body: usize,
 }
 
 impl ApiListeners {
@@ -182,7 +184,17 @@ impl ApiListeners {
             file,
             sysroot,
             kernel,
+            max_body: http::MAX_BODY,
         }))
+    }
+
+    /// Takes request bodies of up to `bytes` (at most
+    /// [`http::MAX_BODY_LIMIT`]) instead of [`http::MAX_BODY`]: a front end
+    /// whose clients send larger configurations says so (Firecracker's
+    /// `--http-api-max-payload-size`).
+    pub fn max_body(mut self, bytes: usize) -> Self {
+        self.max_body = bytes.min(http::MAX_BODY_LIMIT);
+        self
     }
 
     /// Serves on a thread of its own until [`ApiThread::finish`].
@@ -242,6 +254,7 @@ impl ApiListeners {
                             phase,
                             sysroot: self.sysroot.take(),
                             kernel: self.kernel.take(),
+                            max_body: self.max_body,
                         };
                         self.serve(&mut server, &stopped);
                     }
@@ -365,6 +378,8 @@ struct Server {
     phase: Phase,
     sysroot: Option<Arc<Sysroot>>,
     kernel: Option<KernelSymbols>,
+    /// The most bytes a request's body takes.
+    max_body: usize,
 }
 
 impl Server {
@@ -625,7 +640,7 @@ impl Conn {
                         Io::Later => return true,
                         Io::Done(n) => buf.extend_from_slice(&chunk[..n]),
                     }
-                    match parse_request(buf) {
+                    match parse_request(buf, server.max_body) {
                         Ok(None) => {}
                         Ok(Some(request)) => {
                             match server.route(&request, self.origin) {
