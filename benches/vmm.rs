@@ -32,9 +32,14 @@
 //!   guest's CPL0 loop against its CPL3 loop and against the same loop
 //!   emulated, and a port exit from each mode.
 //!
+//! - profile truth (benches/profile_truth): the shares of the Linux
+//!   guest's hot functions and of the demo's against their work, and a
+//!   pprof profile's CPU time against its span.
+//!
 //! `cargo bench --bench vmm [-- WORD...]` (not run by CI; the words pick
 //! sections by name: round_trips, starts, snapshots, sampler, precise,
-//! linux_boot, linux_lwp, smp, devices, stock_kernel, firecracker, native). Cycle counts come from the
+//! linux_boot, linux_lwp, smp, devices, stock_kernel, firecracker, native,
+//! profile_truth). Cycle counts come from the
 //! guest's RDTSC, so the ratios do not depend on the TSC frequency. QEMU
 //! comes from `apt-get install qemu-system-x86`.
 
@@ -43,6 +48,7 @@
 
 mod common;
 mod native;
+mod profile_truth;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -1035,12 +1041,19 @@ fn console_times_within(
     (seen, console)
 }
 
-/// The Linux guest of resources/linux (kernel, initramfs), built on first
-/// use; None when build.sh failed.
+/// The Linux guest of resources/linux (kernel, initramfs), the tests' one
+/// (`$LWPVMM_LINUX`, else target/tmp/linux), built on first use as the
+/// tests build it, with the test images, so that neither builds it again
+/// for the other; None when build.sh failed.
 fn linux_guest() -> Option<(String, String)> {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("linux");
+    let dir = std::env::var_os("LWPVMM_LINUX")
+        .filter(|d| !d.is_empty())
+        .map_or_else(
+            || PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("linux"),
+            PathBuf::from,
+        );
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("resources/linux/build.sh");
-    build_linux(&script, &dir)
+    build_linux(&script, &["--test-images"], &dir)
 }
 
 /// The Linux guest as it was before issue 32's work: the same sources and
@@ -1062,13 +1075,14 @@ fn linux_guest_before() -> Option<(String, String)> {
     if !copied {
         return None;
     }
-    build_linux(&sources.join("build.sh"), &tmp.join("linux-before"))
+    build_linux(&sources.join("build.sh"), &[], &tmp.join("linux-before"))
 }
 
-/// Builds the Linux guest with `script` into `dir`: its kernel and
-/// initramfs.
-fn build_linux(script: &Path, dir: &Path) -> Option<(String, String)> {
+/// Builds the Linux guest with `script` and its `options` into `dir`: its
+/// kernel and initramfs.
+fn build_linux(script: &Path, options: &[&str], dir: &Path) -> Option<(String, String)> {
     let built = Command::new(script)
+        .args(options)
         .arg(dir)
         .status()
         .is_ok_and(|s| s.success());
@@ -1288,7 +1302,7 @@ fn stock_kernel() {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("resources/linux/stock.sh");
     let fetched = Command::new(&script)
         .arg(tmp.join("stock"))
-        .arg(tmp.join("linux"))
+        .arg(Path::new(&kernel).parent().expect("the guest's directory"))
         .status()
         .is_ok_and(|s| s.success());
     if !fetched {
@@ -2094,7 +2108,7 @@ fn main() {
         .skip(1)
         .filter(|a| !a.starts_with('-'))
         .collect();
-    let sections: [(&str, fn()); 14] = [
+    let sections: [(&str, fn()); 15] = [
         ("round_trips", round_trips),
         ("starts", starts),
         ("snapshots", snapshots),
@@ -2109,6 +2123,7 @@ fn main() {
         ("stock_kernel_breakpoint", stock_kernel_breakpoint),
         ("firecracker", firecracker),
         ("native", native::native),
+        ("profile_truth", profile_truth::profile_truth),
     ];
     for (name, section) in sections {
         if filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str())) {

@@ -542,8 +542,13 @@ fn errors_say_what_to_fix() {
         kernel_linked.to_str().unwrap(),
     );
     let no_dir = "/nonexistent-lwpvmm-dir/out";
+    // A directory that is not a snapshot.
+    let empty =
+        std::env::temp_dir().join(format!("lwpvmm-test-{}-not-a-snapshot", std::process::id()));
+    std::fs::create_dir_all(&empty).unwrap();
+    let e = empty.to_str().unwrap();
     // (arguments, text the error must contain)
-    let table: [(Vec<&str>, &str); 12] = [
+    let table: [(Vec<&str>, &str); 19] = [
         (
             vec!["run", "--kernel", missing.to_str().unwrap()],
             "cannot read kernel",
@@ -583,6 +588,30 @@ fn errors_say_what_to_fix() {
             "not a size",
         ),
         (vec!["profile", k], "lwpvmm run --kernel"),
+        // An option --disk does not have, not a file that is missing.
+        (
+            vec!["run", "--kernel", m, "--disk", "img,rw"],
+            "`rw` is not a --disk option: the only one is `,ro`",
+        ),
+        // The range the README gives, in the units written.
+        (
+            vec!["run", "--kernel", m, "--memory", "2T"],
+            "give 16 MiB to 1 TiB",
+        ),
+        (
+            vec!["run", "--kernel", m, "--memory", "2000000"],
+            "give 16 MiB to 1 TiB",
+        ),
+        (
+            vec!["run", "--kernel", m, "--sample-hz", "-5"],
+            "0..=100000",
+        ),
+        (vec!["profile", k, "--sample-hz", "-5"], "0..=100000"),
+        (vec!["restore", e], "is not a snapshot: it has no state.bin"),
+        (
+            vec!["firecracker", "--describe-snapshot", e],
+            "is not a snapshot: it has no state.bin",
+        ),
     ];
     for (args, want) in table {
         let out = lwpvmm(&args);
@@ -598,6 +627,60 @@ fn errors_say_what_to_fix() {
     for f in [text_file, minimal, truncated, kernel_linked] {
         std::fs::remove_file(f).unwrap();
     }
+    std::fs::remove_dir(empty).unwrap();
+}
+
+/// A console that cannot be written stops the run at the first byte lost,
+/// with an error that says so and names --serial, instead of a run that
+/// goes on, and exits 0, with its console lost: here the --serial file's
+/// size limit (RLIMIT_FSIZE 0, with SIGXFSZ ignored, so that the write
+/// fails as on a full file system).
+#[test]
+fn a_console_that_cannot_be_written_fails_the_run() {
+    require_kvm();
+    let elf = guest_file("minimal");
+    let console = elf.with_extension("console");
+    let out = common::output_within(
+        std::process::Command::new("sh")
+            .args(["-c", "ulimit -f 0; trap '' XFSZ; exec \"$0\" \"$@\""])
+            .arg(env!("CARGO_BIN_EXE_lwpvmm"))
+            .args(["run", "--kernel", elf.to_str().unwrap(), "--serial"])
+            .arg(&console),
+        common::RUN_LIMIT,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    for want in ["writing the guest's console failed", "--serial"] {
+        assert!(err.contains(want), "`{want}` not in: {err}");
+    }
+    std::fs::remove_file(elf).unwrap();
+    std::fs::remove_file(console).unwrap();
+}
+
+/// `--cmdline-append` adds to the command line, the default one or
+/// --cmdline's, without copying it: the minimal guest exits with the value
+/// of the `exit=` it finds there.
+#[test]
+fn cmdline_append_adds_words_to_the_command_line() {
+    let elf = guest_file("minimal");
+    let kernel = elf.to_str().unwrap();
+    // (options, exit status: (value << 1) | 1)
+    let table: [(&[&str], i32); 4] = [
+        (&["--cmdline-append", "exit=21"], 43),
+        (&["--cmdline", "quiet", "--cmdline-append", "exit=5"], 11),
+        (&["--cmdline", "", "--cmdline-append", "exit=9"], 19),
+        (
+            &["--cmdline-append", "quiet", "--cmdline-append", "exit=7"],
+            15,
+        ),
+    ];
+    for (options, status) in table {
+        let mut args = vec!["run", "--kernel", kernel, "--memory", "32"];
+        args.extend_from_slice(options);
+        let out = lwpvmm(&args);
+        assert_eq!(out.status.code(), Some(status), "{options:?}: {out:?}");
+    }
+    std::fs::remove_file(elf).unwrap();
 }
 
 /// A snapshot that was asked for and failed fails the run (status 2), after

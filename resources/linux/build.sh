@@ -1,30 +1,64 @@
 #!/bin/sh
-# Builds lwpvmm's Linux guest: OUTDIR/vmlinux from Debian's linux-source-6.1
-# with lwpvmm.config on top of tinyconfig and the host-quirk patches in
-# patches/, the guest module OUTDIR/lwpvmm.ko (module/) built against that
-# tree, and OUTDIR/initramfs.cpio holding the LWP self-test as /init (which
-# loads the module).
+# Builds lwpvmm's Linux guest into OUTDIR: vmlinux from Debian's
+# linux-source-6.1 with lwpvmm.config on top of tinyconfig and the
+# host-quirk patches in patches/, the same kernel as a bzImage (vmlinuz,
+# in tinyconfig's xz), the guest module lwpvmm.ko (module/) built against
+# that tree, initramfs.cpio holding the LWP self-test as /init (which loads
+# the module), and rootfs.ext4 holding the same files.
+#
+# --test-images adds the bzImage in each other compression the kernel's
+# build offers (vmlinuz.gzip, .bzip2, .lzma, .lzo, .lz4, .zstd): only
+# tests/linux.rs needs them, to check lwpvmm's host-side decompression of
+# each, so tests/common and .ci/run ask for them and a user need not.
 #
 # The kernel and module are cached in OUTDIR keyed by a hash of the source
-# package version, this script, the config fragment, the patches and the
-# module's source: a second run only rebuilds the (tiny) initramfs.
-# LWPVMM_KEEP_TREE=1 keeps the kernel tree (OUTDIR/linux-source-6.1) for
-# rebuilding the module by hand. module-on-debian.sh builds the same module
-# against Debian's own kernel headers. docs/linux-guest.md explains every part.
+# package version, the kernel recipe below, the config fragment, the
+# patches and the module's source: a second run only rebuilds the (tiny)
+# initramfs and disk image. make's steps go to OUTDIR/build.log; the
+# terminal gets each phase and, while the kernel builds, a line a minute
+# with the time so far and make's latest step. LWPVMM_KEEP_TREE=1 keeps
+# the kernel tree (OUTDIR/linux-source-6.1) for rebuilding the module by
+# hand. module-on-debian.sh builds the same module against Debian's own
+# kernel headers. docs/linux-guest.md explains every part and gives the
+# build's time ("Building it").
 set -eu
 
-usage() { echo "usage: $0 OUTDIR" >&2; exit 2; }
+usage() {
+    echo "usage: $0 [--test-images] OUTDIR" >&2
+    echo "  --test-images  also the bzImage in every other compression (vmlinuz.FORMAT, for the tests)" >&2
+    exit 2
+}
+TEST_IMAGES=0
+while [ $# -gt 0 ]; do
+    case $1 in
+    --test-images) TEST_IMAGES=1; shift ;;
+    --) shift; break ;;
+    -*) usage ;;
+    *) break ;;
+    esac
+done
 [ $# -eq 1 ] || usage
 OUT=$1
 HERE=$(cd "$(dirname "$0")" && pwd)
 TARBALL=/usr/src/linux-source-6.1.tar.xz
 JOBS=$(nproc 2>/dev/null || echo 2)
+# What to expect of a first build (docs/linux-guest.md, "Building it":
+# 10 min 41 s on a busy 2-core host).
+EXPECT="about 11 min on 2 busy cores, less on more"
 # A reproducible kernel: the same sources and configuration give the same
-# bytes, also when switching the bzImage's compression relinks vmlinux.
+# bytes, so a kernel built again (for the test images of a cached one) is
+# the one cached.
 export KBUILD_BUILD_TIMESTAMP="Thu Jan  1 00:00:00 UTC 2026"
 export KBUILD_BUILD_VERSION=1 KBUILD_BUILD_USER=lwpvmm KBUILD_BUILD_HOST=lwpvmm
 
 log() { echo "lwpvmm linux: $*" >&2; }
+
+START=$(date +%s)
+# The time since the start, as "4 min 05 s".
+elapsed() {
+    s=$(($(date +%s) - START))
+    printf '%d min %02d s' $((s / 60)) $((s % 60))
+}
 
 need_packages() {
     missing=""
@@ -58,31 +92,66 @@ need_packages() {
 need_packages
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
-
-VERSION=$(dpkg-query -W -f '${Version}' linux-source-6.1 2>/dev/null || echo unknown)
-# The key covers the kernel's half of this script only (up to the userspace
-# marker), so that changing the programs does not rebuild the kernel.
-KEY=$( (echo "$VERSION"; sed '/^# ---- userspace ----/q' "$HERE/build.sh"; cat "$HERE/lwpvmm.config" "$HERE"/patches/*.patch "$HERE"/module/*) |
-    sha256sum | cut -c1-16)
 TREE="$OUT/linux-source-6.1"
 # What the initramfs step needs from the kernel tree, kept when the 1.5 GB
 # build tree is removed.
 SUPPORT="$OUT/support"
+LOG="$OUT/build.log"
 
-if [ -f "$OUT/vmlinux" ] && [ -f "$OUT/lwpvmm.ko" ] && [ -f "$SUPPORT/gen_init_cpio.c" ] &&
-    [ "$(cat "$OUT/vmlinux.key" 2>/dev/null)" = "$KEY" ]; then
-    log "kernel $KEY is cached"
-else
-    log "building kernel $KEY (minutes the first time: docs/linux-guest.md, \"Building it\")"
-    rm -rf "$TREE" "$SUPPORT" "$OUT/vmlinux" "$OUT/vmlinux.key" "$OUT/lwpvmm.ko"
+# Runs make in the kernel tree, its steps to build.log; on failure the
+# log's end, where make says why, goes to the terminal.
+kmake() {
+    make -C "$TREE" ARCH=x86_64 "$@" >>"$LOG" 2>&1 || {
+        log "make $* failed after $(elapsed); the end of $LOG:"
+        tail -n 40 "$LOG" >&2
+        exit 1
+    }
+}
+
+# A line a minute while the kernel builds, so that no stretch of it is
+# silent: the time so far and make's latest step (kbuild's "  CC  file").
+# Its sleep holds none of the script's outputs, so that a caller reading
+# them to their end is not kept waiting by a sleep left over.
+TICKER=""
+ticker_start() {
+    while sleep 60 </dev/null >/dev/null 2>&1; do
+        step=$(grep '^  [A-Z]' "$LOG" 2>/dev/null | tail -n 1 | tr -s ' ' | sed 's/^ //')
+        log "$(elapsed) so far (a first build takes $EXPECT): ${step:-starting}"
+    done &
+    TICKER=$!
+}
+ticker_stop() {
+    [ -z "$TICKER" ] || kill "$TICKER" 2>/dev/null || :
+    TICKER=""
+}
+# A tree this run extracted goes however the script ends (1.5 GB), unless
+# kept. (An EXIT trap that fails changes the script's status: this one
+# cannot.)
+BUILT_TREE=0
+cleanup() {
+    ticker_stop
+    if [ "$BUILT_TREE" = 1 ] && [ "${LWPVMM_KEEP_TREE:-0}" != 1 ]; then
+        rm -rf "$TREE"
+    fi
+}
+trap cleanup EXIT
+
+# ---- kernel recipe ----
+# What makes the kernel's bytes, hashed into the cache key (up to the end
+# marker): the tree, its configuration, vmlinux, vmlinuz and the module.
+build_kernel() {
+    rm -rf "$TREE" "$SUPPORT" "$OUT/vmlinux" "$OUT/vmlinux.key" "$OUT/vmlinuz" "$OUT"/vmlinuz.* \
+        "$OUT/lwpvmm.ko"
+    log "extracting $TARBALL and applying patches/"
+    BUILT_TREE=1
     tar xf "$TARBALL" -C "$OUT"
     for p in "$HERE"/patches/*.patch; do
-        log "applying $(basename "$p")"
         patch -s -p1 -d "$TREE" <"$p"
     done
-    make -s -C "$TREE" ARCH=x86_64 tinyconfig >/dev/null
-    "$TREE/scripts/kconfig/merge_config.sh" -m -O "$TREE" "$TREE/.config" "$HERE/lwpvmm.config" >/dev/null 2>&1
-    make -s -C "$TREE" ARCH=x86_64 olddefconfig >/dev/null 2>&1
+    log "configuring: tinyconfig and lwpvmm.config"
+    kmake tinyconfig
+    "$TREE/scripts/kconfig/merge_config.sh" -m -O "$TREE" "$TREE/.config" "$HERE/lwpvmm.config" >>"$LOG" 2>&1
+    kmake olddefconfig
     # A fragment option that Kconfig dropped (a dependency missing in this
     # source version) would silently change the guest: refuse instead.
     grep -E '^(CONFIG_[A-Z0-9_]+=.*|# CONFIG_[A-Z0-9_]+ is not set)$' "$HERE/lwpvmm.config" |
@@ -95,35 +164,18 @@ else
             *) grep -qx "$line" "$TREE/.config" || { log "config fragment: $line did not take"; exit 1; } ;;
         esac
     done
-    make -s -C "$TREE" ARCH=x86_64 -j"$JOBS" vmlinux modules_prepare
+    log "compiling and linking vmlinux ($(elapsed) so far; make's steps: $LOG)"
+    kmake -j"$JOBS" vmlinux modules_prepare
     cp "$TREE/vmlinux" "$OUT/vmlinux"
-    # The same kernel as a bzImage, as a user has it in /boot: vmlinuz in
-    # the configuration's compression (xz, tinyconfig's), and vmlinuz.FORMAT
-    # in each other one, for lwpvmm's host-side decompression
-    # (src/vmm/payload.rs). Switching the compression relinks the
-    # decompressor only.
-    make -s -C "$TREE" ARCH=x86_64 -j"$JOBS" bzImage
+    # The same kernel as a bzImage, as a user has it in /boot, in the
+    # configuration's compression (xz, tinyconfig's).
+    log "the bzImage, vmlinuz ($(elapsed) so far)"
+    kmake -j"$JOBS" bzImage
     cp "$TREE/arch/x86/boot/bzImage" "$OUT/vmlinuz"
-    formats="GZIP BZIP2 LZMA XZ LZO LZ4 ZSTD"
-    for format in $formats; do
-        [ "$format" = XZ ] && continue
-        for other in $formats; do
-            "$TREE/scripts/config" --file "$TREE/.config" --disable "KERNEL_$other"
-        done
-        "$TREE/scripts/config" --file "$TREE/.config" --enable "KERNEL_$format"
-        make -s -C "$TREE" ARCH=x86_64 olddefconfig >/dev/null 2>&1
-        grep -qx "CONFIG_KERNEL_$format=y" "$TREE/.config" || { log "CONFIG_KERNEL_$format did not take"; exit 1; }
-        make -s -C "$TREE" ARCH=x86_64 -j"$JOBS" bzImage
-        cp "$TREE/arch/x86/boot/bzImage" "$OUT/vmlinuz.$(echo "$format" | tr 'A-Z' 'a-z')"
-    done
-    for other in $formats; do
-        "$TREE/scripts/config" --file "$TREE/.config" --disable "KERNEL_$other"
-    done
-    "$TREE/scripts/config" --file "$TREE/.config" --enable KERNEL_XZ
-    make -s -C "$TREE" ARCH=x86_64 olddefconfig >/dev/null 2>&1
     # The module, out of tree as a user builds it on their own kernel. The
     # vmlinux half of the symbol versions is all it links against (KVM=m
     # is never built).
+    log "the module ($(elapsed) so far)"
     cp "$TREE/vmlinux.symvers" "$TREE/Module.symvers"
     rm -rf "$OUT/module"
     cp -r "$HERE/module" "$OUT/module"
@@ -135,8 +187,71 @@ else
     mkdir -p "$SUPPORT"
     cp -r "$TREE/tools/include/nolibc" "$SUPPORT/nolibc"
     cp "$TREE/usr/gen_init_cpio.c" "$SUPPORT/gen_init_cpio.c"
-    [ "${LWPVMM_KEEP_TREE:-0}" = 1 ] || rm -rf "$TREE"
+}
+
+# The compressions of the test images: every other one the kernel's build
+# offers.
+FORMATS="GZIP BZIP2 LZMA LZO LZ4 ZSTD"
+
+# Configures the tree's bzImage compression to $1 (XZ, or one of FORMATS).
+set_compression() {
+    for other in $FORMATS XZ; do
+        "$TREE/scripts/config" --file "$TREE/.config" --disable "KERNEL_$other"
+    done
+    "$TREE/scripts/config" --file "$TREE/.config" --enable "KERNEL_$1"
+    kmake olddefconfig
+    grep -qx "CONFIG_KERNEL_$1=y" "$TREE/.config" || { log "CONFIG_KERNEL_$1 did not take"; exit 1; }
+}
+
+# The test images, vmlinuz.FORMAT, from the tree build_kernel left, for
+# lwpvmm's host-side decompression (src/vmm/payload.rs). Only the
+# decompressor depends on the compression: `-o vmlinux` takes the linked
+# vmlinux as it is, where make would recompile what reads the
+# compression's settings (asm/boot.h's heap size) and relink vmlinux for
+# each. Each image goes in under its name whole, so a build cut short
+# leaves none half-written.
+build_test_images() {
+    for format in $FORMATS; do
+        name=vmlinuz.$(echo "$format" | tr 'A-Z' 'a-z')
+        log "the test image $name ($(elapsed) so far)"
+        set_compression "$format"
+        kmake -j"$JOBS" -o vmlinux bzImage
+        cp "$TREE/arch/x86/boot/bzImage" "$OUT/$name.part"
+        mv "$OUT/$name.part" "$OUT/$name"
+    done
+    set_compression XZ
+}
+# ---- end of the kernel recipe ----
+
+VERSION=$(dpkg-query -W -f '${Version}' linux-source-6.1 2>/dev/null || echo unknown)
+KEY=$( (echo "$VERSION"; sed -n '/^# ---- kernel recipe ----/,/^# ---- end of the kernel recipe ----/p' "$HERE/build.sh"
+    cat "$HERE/lwpvmm.config" "$HERE"/patches/*.patch "$HERE"/module/*) | sha256sum | cut -c1-16)
+
+kernel_cached() {
+    [ -f "$OUT/vmlinux" ] && [ -f "$OUT/vmlinuz" ] && [ -f "$OUT/lwpvmm.ko" ] &&
+        [ -f "$SUPPORT/gen_init_cpio.c" ] && [ "$(cat "$OUT/vmlinux.key" 2>/dev/null)" = "$KEY" ]
+}
+images_cached() {
+    for format in $FORMATS; do
+        [ -f "$OUT/vmlinuz.$(echo "$format" | tr 'A-Z' 'a-z')" ] || return 1
+    done
+}
+
+IMAGES_TODO=0
+if kernel_cached && { [ "$TEST_IMAGES" = 0 ] || images_cached; }; then
+    log "kernel $KEY is cached"
+else
+    # The tree is gone once a build is done: the test images of a cached
+    # kernel need it built again (the same bytes, the build being
+    # reproducible).
+    kernel_cached && log "kernel $KEY is cached without the test images (--test-images): building it again for them"
+    log "building kernel $KEY: a first build takes $EXPECT (docs/linux-guest.md, \"Building it\")"
+    : >"$LOG"
+    ticker_start
+    build_kernel
+    ticker_stop
     echo "$KEY" >"$OUT/vmlinux.key"
+    IMAGES_TODO=$TEST_IMAGES
 fi
 
 # ---- userspace ----
@@ -183,4 +298,11 @@ for src in "$HERE"/init/*.c; do
 done
 cp "$OUT/lwpvmm.ko" "$ROOT/lwpvmm.ko"
 mke2fs -q -F -t ext4 -L lwpvmm-root -E root_owner=0:0 -d "$ROOT" "$OUT/rootfs.ext4" 32M
-log "wrote $OUT/vmlinux, $OUT/initramfs.cpio and $OUT/rootfs.ext4"
+log "wrote $OUT/vmlinux, vmlinuz, initramfs.cpio and rootfs.ext4 in $(elapsed)"
+
+if [ "$IMAGES_TODO" = 1 ]; then
+    ticker_start
+    build_test_images
+    ticker_stop
+    log "wrote the test images $OUT/vmlinuz.FORMAT ($FORMATS) in $(elapsed) in all"
+fi

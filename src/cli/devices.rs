@@ -6,11 +6,19 @@ use std::path::PathBuf;
 
 use crate::vmm::devices::virtio::{DiskConfig, NetConfig};
 
-/// `PATH[,ro]`.
+/// `PATH[,ro]`. A word after the last comma that is not `ro` is an option
+/// lwpvmm does not have (`img,rw`), refused as that rather than taken for
+/// a file name that does not exist; a file whose name has such a comma in
+/// it still works, because an existing file is taken whole.
 pub fn parse_disk(text: &str) -> Result<DiskConfig, String> {
-    let (path, read_only) = match text.strip_suffix(",ro") {
-        Some(path) => (path, true),
-        None => (text, false),
+    let (path, read_only) = match text.rsplit_once(',') {
+        Some((path, "ro")) => (path, true),
+        Some((_, option)) if is_option_word(option) && !std::path::Path::new(text).exists() => {
+            return Err(format!(
+                "`{option}` is not a --disk option: the only one is `,ro` (read-only); without it the disk is read-write"
+            ));
+        }
+        _ => (text, false),
     };
     if path.is_empty() {
         return Err("expected PATH or PATH,ro (a raw disk image)".into());
@@ -19,6 +27,15 @@ pub fn parse_disk(text: &str) -> Result<DiskConfig, String> {
         path: PathBuf::from(path),
         read_only,
     })
+}
+
+/// Whether `word` looks like an option (`rw`, `cache=none`) rather than
+/// the end of a file name (`v2.img`, `a/b`).
+fn is_option_word(word: &str) -> bool {
+    !word.is_empty()
+        && word
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'=' || b == b'_' || b == b'-')
 }
 
 /// `tap=NAME[,mac=MAC]`.
@@ -70,11 +87,17 @@ mod tests {
     #[test]
     fn disks() {
         // (option, path, read-only) or an error
-        let table: [(&str, Option<(&str, bool)>); 4] = [
+        let table: [(&str, Option<(&str, bool)>); 8] = [
             ("root.ext4", Some(("root.ext4", false))),
             ("/images/data.img,ro", Some(("/images/data.img", true))),
             (",ro", None),
             ("", None),
+            // Options lwpvmm does not have, not file names.
+            ("img,rw", None),
+            ("img,cache=none", None),
+            // A comma inside a file name.
+            ("disk,v2.img", Some(("disk,v2.img", false))),
+            ("/a,b/disk", Some(("/a,b/disk", false))),
         ];
         for (text, want) in table {
             let got = parse_disk(text).ok();

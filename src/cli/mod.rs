@@ -105,6 +105,11 @@ pub struct RunArgs {
     /// line; others find the devices in the ACPI DSDT.
     #[arg(long)]
     pub cmdline: Option<String>,
+    /// Words to add to the end of the kernel command line, the default one
+    /// or --cmdline's (repeatable, in order): one option, such as
+    /// `lwpvsock=5000`, without copying the whole default line.
+    #[arg(long, value_name = "WORDS")]
+    pub cmdline_append: Vec<String>,
     /// A raw disk image as a virtio block device: PATH, or PATH,ro to
     /// attach it read-only. Repeatable: the first is /dev/vda, the next
     /// /dev/vdb, ...
@@ -152,9 +157,9 @@ pub struct HostArgs {
     /// The same as `--seccomp off`.
     #[arg(long, conflicts_with = "seccomp")]
     pub no_seccomp: bool,
-    /// Sampling kicks per second for the clock events (CNH, RNH); 0 turns
-    /// the sampler off.
-    #[arg(long, default_value_t = 1000)]
+    /// Sampling kicks per second for the clock events (CNH, RNH), 0 to
+    /// 100000; 0 turns the sampler off.
+    #[arg(long, default_value_t = 1000, allow_negative_numbers = true, value_parser = sample_hz())]
     pub sample_hz: u32,
     /// Profile the whole guest: kick every vCPU at --sample-hz and keep what
     /// each kick found, the guest kernel's stack or a process's, in the
@@ -166,7 +171,7 @@ pub struct HostArgs {
     /// read it with `lwpvmm report`).
     #[arg(long)]
     pub trace: Option<PathBuf>,
-    /// The trace's size limit (bytes, or with a K, M or G suffix); records
+    /// The trace's size limit (bytes, or with a K, M, G or T suffix); records
     /// past it are counted in the metrics, not written.
     #[arg(long, default_value = "1G", value_parser = parse_size)]
     pub trace_max: u64,
@@ -231,12 +236,20 @@ pub struct HostArgs {
     pub supervisor: SupervisorArg,
 }
 
-/// A size: bytes, or a number with a K, M or G suffix (powers of 1024).
+/// `--sample-hz`: 0 (off) to the rate the control API also allows. Negative
+/// numbers reach it (clap would take `-5` for an option) so that the
+/// message gives the range.
+fn sample_hz() -> clap::builder::RangedI64ValueParser<u32> {
+    clap::value_parser!(u32).range(0..=i64::from(crate::vmm::api::routes::MAX_SAMPLE_HZ))
+}
+
+/// A size: bytes, or a number with a K, M, G or T suffix (powers of 1024).
 fn parse_size(text: &str) -> Result<u64, String> {
     let (digits, shift) = match text.as_bytes().last() {
         Some(b'K' | b'k') => (&text[..text.len() - 1], 10),
         Some(b'M' | b'm') => (&text[..text.len() - 1], 20),
         Some(b'G' | b'g') => (&text[..text.len() - 1], 30),
+        Some(b'T' | b't') => (&text[..text.len() - 1], 40),
         _ => (text, 0),
     };
     digits
@@ -246,21 +259,32 @@ fn parse_size(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("`{text}` is not a size (give bytes, or e.g. 512M or 2G)"))
 }
 
-/// A memory size in MiB: a plain number is MiB, a suffix (K, M, G, as for
-/// sizes) says the unit; whole MiB only.
+/// A memory size in MiB: a plain number is MiB, a suffix (K, M, G, T, as
+/// for sizes) says the unit; whole MiB only, in the range lwpvmm boots
+/// (checked here, so that the message gives the range in the units the
+/// user wrote rather than in MiB after the kernel was read).
 fn parse_mib(text: &str) -> Result<u64, String> {
-    if text.bytes().all(|b| b.is_ascii_digit()) {
-        return text
-            .parse()
-            .map_err(|_| format!("`{text}` is not a number of MiB"));
+    use crate::vmm::boot::{MAX_MEMORY_MIB, MIN_MEMORY_MIB};
+    let range = format!(
+        "give {MIN_MEMORY_MIB} MiB to {} TiB (`{MIN_MEMORY_MIB}` to `{MAX_MEMORY_MIB}`, or with a suffix: `512M`, `2G`, `1T`)",
+        MAX_MEMORY_MIB >> 20
+    );
+    let mib = if text.bytes().all(|b| b.is_ascii_digit()) {
+        text.parse()
+            .map_err(|_| format!("`{text}` is out of range: {range}"))?
+    } else {
+        let bytes = parse_size(text).map_err(|_| {
+            format!("`{text}` is not a memory size (give MiB, e.g. 512, or 512M, 2G or 1T)")
+        })?;
+        if bytes % (1 << 20) != 0 {
+            return Err(format!("`{text}` is not a whole number of MiB"));
+        }
+        bytes >> 20
+    };
+    if !(MIN_MEMORY_MIB..=MAX_MEMORY_MIB).contains(&mib) {
+        return Err(format!("`{text}` is out of range: {range}"));
     }
-    let bytes = parse_size(text).map_err(|_| {
-        format!("`{text}` is not a memory size (give MiB, e.g. 512, or 512M or 2G)")
-    })?;
-    if bytes % (1 << 20) != 0 {
-        return Err(format!("`{text}` is not a whole number of MiB"));
-    }
-    Ok(bytes >> 20)
+    Ok(mib)
 }
 
 /// A TCP address to listen on: `IP:PORT`, or `HOST:PORT` with a host name
@@ -353,8 +377,8 @@ pub struct ProfileArgs {
     /// The LWP profile.
     #[arg(long, value_enum, default_value_t = ProfileArg::Emulated)]
     pub lwp: ProfileArg,
-    /// Sampling kicks per second.
-    #[arg(long, default_value_t = 1000)]
+    /// Sampling kicks per second, 0 to 100000.
+    #[arg(long, default_value_t = 1000, allow_negative_numbers = true, value_parser = sample_hz())]
     pub sample_hz: u32,
     /// Guest RAM in MiB (`512`), or with a suffix (`512M`, `2G`).
     #[arg(long, default_value_t = crate::vmm::config::DEFAULT_MEMORY_MIB, value_parser = parse_mib)]
@@ -677,10 +701,16 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
     match cli.command {
         Command::Run(args) => {
             let kernel = read_image("kernel", &args.kernel, args.memory)?;
-            let cmdline = args.cmdline.clone().unwrap_or_else(|| {
+            let mut cmdline = args.cmdline.clone().unwrap_or_else(|| {
                 let root = args.disks.first().map(|d| d.read_only);
                 crate::vmm::boot::default_cmdline(&kernel, root)
             });
+            for words in &args.cmdline_append {
+                if !cmdline.is_empty() {
+                    cmdline.push(' ');
+                }
+                cmdline.push_str(words);
+            }
             let config = VmConfig {
                 kernel,
                 initramfs: args

@@ -728,6 +728,9 @@ impl Control {
         }
         if let Ok(mut b) = self.shared.bus.lock() {
             b.flush();
+            if let Some(e) = b.take_console_error() {
+                errors.push(VmError::Console(e).to_string());
+            }
         }
         if self.shared.recorder.flush().is_err() {
             self.metrics[0].trace_errors.fetch_add(1, Ordering::Relaxed);

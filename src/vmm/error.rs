@@ -73,6 +73,12 @@ pub enum VmError {
     /// The control thread's event loop failed.
     #[error("the event loop failed: {0}")]
     EventLoop(String),
+    /// The guest's console could not be written: the VM was stopped at
+    /// the first byte lost (`GuestEnd::ConsoleFailed`).
+    #[error(
+        "writing the guest's console failed: {0}; the VM was stopped at the first write it lost (make room where --serial writes, or give another --serial)"
+    )]
+    Console(std::io::Error),
     /// A request to the running VM failed.
     #[error("{0}")]
     Control(#[from] crate::vmm::base::control_error::ControlError),

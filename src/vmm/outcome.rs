@@ -38,7 +38,8 @@ pub const REBOOT_STATUS: u8 = 4;
 
 /// Exit status of `a run` for how the VM ended: `(value << 1) | 1`
 /// for a write of `value` to port 0xf4, exactly as QEMU's isa-debug-exit;
-/// 0 for a power-off; [`REBOOT_STATUS`] for a reboot; 128 + N when signal
+/// 0 for a power-off; [`REBOOT_STATUS`] for a reboot; 2 (a VMM error's)
+/// for a console that could not be written; 128 + N when signal
 /// N stopped it, as a shell reports a process a signal ended.
 pub fn exit_status(end: VmEnd) -> u8 {
     match end {
@@ -46,15 +47,23 @@ pub fn exit_status(end: VmEnd) -> u8 {
         VmEnd::Guest(GuestEnd::PowerOff) => 0,
         VmEnd::Guest(GuestEnd::Reboot) => REBOOT_STATUS,
         VmEnd::Guest(GuestEnd::OutputClosed) => 0,
+        // A run that lost its console failed: the status of a VMM error
+        // (the run's errors say which).
+        VmEnd::Guest(GuestEnd::ConsoleFailed) => 2,
         VmEnd::Signal(signal) => 128u8.saturating_add(u8::try_from(signal).unwrap_or(0)),
         VmEnd::Stopped => 0,
     }
 }
 
-/// What a command says of how the VM ended, when it ended from outside
-/// the guest: a signal, or its standard output closed.
+/// What a command says of how the VM ended, when the status alone would
+/// not say it: a signal, its standard output closed, or a reboot (which a
+/// panicking Linux also asks for, and which would otherwise end the run
+/// with status 4 and no word from lwpvmm after the guest's last line).
 pub fn end_line(end: VmEnd) -> Option<String> {
     match end {
+        VmEnd::Guest(GuestEnd::Reboot) => Some(format!(
+            "the guest reset the machine: a reboot, or a kernel panic (Linux resets on panic=-1, which lwpvmm's default command line sets; the console's last lines say which); lwpvmm does not restart guests: exit status {REBOOT_STATUS}"
+        )),
         VmEnd::Signal(signal) => Some(format!(
             "{} received: the VM was stopped; console, trace and metrics are written",
             signals::name(signal)
@@ -103,6 +112,7 @@ pub fn metrics_document<'a>(
         VmEnd::Guest(GuestEnd::PowerOff) => serde_json::json!("power_off"),
         VmEnd::Guest(GuestEnd::Reboot) => serde_json::json!("reboot"),
         VmEnd::Guest(GuestEnd::OutputClosed) => serde_json::json!("output_closed"),
+        VmEnd::Guest(GuestEnd::ConsoleFailed) => serde_json::json!("console_failed"),
         VmEnd::Signal(signal) => serde_json::json!({ "signal": signal }),
         VmEnd::Stopped => serde_json::json!("stopped"),
     });
@@ -111,5 +121,40 @@ pub fn metrics_document<'a>(
         error: None,
         vm,
         lwp_units,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn end_lines_say_what_the_status_does_not() {
+        // (how the VM ended, what its line says, or None for no line)
+        let table = [
+            (
+                VmEnd::Guest(GuestEnd::Reboot),
+                Some("kernel panic (Linux resets on panic=-1"),
+            ),
+            (VmEnd::Guest(GuestEnd::Reboot), Some("exit status 4")),
+            (VmEnd::Signal(15), Some("SIGTERM received")),
+            (
+                VmEnd::Guest(GuestEnd::OutputClosed),
+                Some("standard output was closed"),
+            ),
+            (VmEnd::Guest(GuestEnd::PowerOff), None),
+            (VmEnd::Guest(GuestEnd::ExitPort(3)), None),
+            (VmEnd::Stopped, None),
+        ];
+        for (end, want) in table {
+            let line = end_line(end);
+            match want {
+                Some(text) => assert!(
+                    line.as_deref().is_some_and(|l| l.contains(text)),
+                    "{end:?}: {line:?} lacks {text:?}"
+                ),
+                None => assert_eq!(line, None, "{end:?}"),
+            }
+        }
     }
 }

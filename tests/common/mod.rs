@@ -338,36 +338,51 @@ pub fn assert_syscalls_completed(metrics: &std::path::Path) {
     }
 }
 
-/// The directory holding vmlinux, initramfs.cpio and rootfs.ext4, built on
-/// first use (the kernel is cached across runs).
+/// The directory of the Linux guest the tests boot: `$LWPVMM_LINUX` when it
+/// is set (a guest you built with resources/linux/build.sh, such as the
+/// README's `out/linux`, reused instead of built again), else
+/// target/tmp/linux. Once per test binary, `build.sh --test-images` makes
+/// sure of it: vmlinux, vmlinuz, the test images vmlinuz.FORMAT,
+/// initramfs.cpio and rootfs.ext4; a cached kernel takes seconds.
 pub fn linux() -> &'static PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("linux");
-        let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("linux-build.log");
+        let dir = linux_dir();
         let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("resources/linux/build.sh");
-        // Straight to standard error, past the test harness's capture: a
-        // first build takes minutes, and the person waiting should know.
         use std::io::Write;
+        // Straight to standard error, past the test harness's capture, and
+        // so is build.sh's progress (its output is inherited): a first
+        // build takes minutes, and the person waiting should see them go.
         let _ = writeln!(
             std::io::stderr(),
-            "tests: building (or checking) the Linux guest with resources/linux/build.sh into {}: minutes the first time (docs/linux-guest.md); its log: {}",
-            dir.display(),
-            log.display()
+            "tests: checking (or building) the Linux guest in {} with resources/linux/build.sh --test-images (set LWPVMM_LINUX to use another)",
+            dir.display()
         );
-        let out = Command::new(&script)
+        let status = Command::new(&script)
+            .arg("--test-images")
             .arg(&dir)
-            .output()
+            .stdin(Stdio::null())
+            .status()
             .expect("run resources/linux/build.sh");
-        let _ = std::fs::write(&log, [&out.stdout[..], &out.stderr[..]].concat());
         assert!(
-            out.status.success(),
-            "resources/linux/build.sh failed (log: {}):\n{}",
-            log.display(),
-            String::from_utf8_lossy(&out.stderr)
+            status.success(),
+            "resources/linux/build.sh --test-images {} failed ({status}): its messages are above, make's steps in {}",
+            dir.display(),
+            dir.join("build.log").display()
         );
-        dir
+        // Absolute, for tests that run commands in directories of their own.
+        std::fs::canonicalize(&dir).expect("the Linux guest's directory")
     })
+}
+
+/// Where the tests' Linux guest is: `$LWPVMM_LINUX`, else target/tmp/linux.
+fn linux_dir() -> PathBuf {
+    std::env::var_os("LWPVMM_LINUX")
+        .filter(|d| !d.is_empty())
+        .map_or_else(
+            || PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("linux"),
+            PathBuf::from,
+        )
 }
 
 /// What a Linux run printed. Its `Display` leads with what a failing test

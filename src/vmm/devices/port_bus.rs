@@ -127,6 +127,12 @@ pub enum GuestEnd {
     /// output is a pipe whose other end closed, as with `| head`). The VM
     /// ends cleanly, as on SIGHUP, with its trace and metrics written.
     OutputClosed,
+    /// Not the guest's doing: a write to the console failed otherwise (the
+    /// `--serial` file's file system is full, its size limit reached). The
+    /// VM stops at the first byte lost, and the run fails with the error
+    /// ([`PortBus::take_console_error`]) instead of going on without a
+    /// console.
+    ConsoleFailed,
 }
 
 impl std::fmt::Display for GuestEnd {
@@ -136,6 +142,7 @@ impl std::fmt::Display for GuestEnd {
             GuestEnd::PowerOff => f.write_str("the guest powered off"),
             GuestEnd::Reboot => f.write_str("the guest asked for a reboot"),
             GuestEnd::OutputClosed => f.write_str("standard output was closed"),
+            GuestEnd::ConsoleFailed => f.write_str("a write to the console failed"),
         }
     }
 }
@@ -170,6 +177,8 @@ pub struct PortBus {
     /// What the PIT's time counts from.
     since: Instant,
     snapshot_port: bool,
+    /// The first error writing the console met, until the run takes it.
+    console_error: Option<io::Error>,
 }
 
 impl PortBus {
@@ -182,6 +191,7 @@ impl PortBus {
             pit: Pit::default(),
             since: Instant::now(),
             snapshot_port: false,
+            console_error: None,
         }
     }
 
@@ -218,6 +228,7 @@ impl PortBus {
             pit: Pit::default(),
             since: Instant::now(),
             snapshot_port: false,
+            console_error: None,
         })
     }
 
@@ -276,8 +287,14 @@ impl PortBus {
                 {
                     PortAction::End(GuestEnd::OutputClosed)
                 }
-                // Any other failed trigger or write only loses console
-                // output.
+                // Any other failed write would lose the rest of the
+                // console without a word: the run stops here instead,
+                // with the error.
+                Err(vm_superio::serial::Error::IOError(e)) => {
+                    self.console_error.get_or_insert(e);
+                    PortAction::End(GuestEnd::ConsoleFailed)
+                }
+                // A failed interrupt trigger (the irqfd) loses no output.
                 _ => PortAction::Handled,
             },
             EXIT_PORT => PortAction::End(GuestEnd::ExitPort(value)),
@@ -339,9 +356,20 @@ impl PortBus {
             .map_err(|e| io::Error::other(format!("{e:?}")))
     }
 
-    /// Flushes console output.
+    /// Flushes console output; an error (but a closed reader's) is kept
+    /// for [`PortBus::take_console_error`].
     pub fn flush(&mut self) {
-        let _ = self.serial.writer_mut().flush();
+        if let Err(e) = self.serial.writer_mut().flush()
+            && e.kind() != io::ErrorKind::BrokenPipe
+        {
+            self.console_error.get_or_insert(e);
+        }
+    }
+
+    /// The first error writing the console met ([`GuestEnd::ConsoleFailed`]),
+    /// once.
+    pub fn take_console_error(&mut self) -> Option<io::Error> {
+        self.console_error.take()
     }
 }
 
@@ -446,5 +474,35 @@ mod tests {
         assert_eq!(d, [0], "no RTC update in progress");
         assert_eq!(bus.read(0x3fd, &mut d), PortAction::Handled);
         assert_ne!(d[0] & 0x20, 0, "transmitter empty");
+    }
+
+    /// A console that fails with `kind`.
+    struct Failing(io::ErrorKind);
+
+    impl Write for Failing {
+        fn write(&mut self, _: &[u8]) -> io::Result<usize> {
+            Err(self.0.into())
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_console_write_that_fails_ends_the_vm() {
+        // (how the write fails, how the VM ends, whether the error is kept)
+        let table = [
+            (io::ErrorKind::BrokenPipe, GuestEnd::OutputClosed, false),
+            (io::ErrorKind::StorageFull, GuestEnd::ConsoleFailed, true),
+            (io::ErrorKind::FileTooLarge, GuestEnd::ConsoleFailed, true),
+        ];
+        for (kind, end, kept) in table {
+            let mut bus = PortBus::new(Box::new(Failing(kind)), EventFd::new(0).unwrap());
+            assert_eq!(bus.write(0x3f8, b"x"), PortAction::End(end), "{kind:?}");
+            let error = bus.take_console_error();
+            assert_eq!(error.map(|e| e.kind()), kept.then_some(kind), "{kind:?}");
+            assert!(bus.take_console_error().is_none(), "{kind:?}: taken once");
+        }
     }
 }

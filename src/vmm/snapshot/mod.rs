@@ -127,6 +127,12 @@ pub enum SnapshotError {
         /// The numbers of its snapshot subdirectories, in order.
         numbered: Vec<u64>,
     },
+    /// The directory holds no snapshot.
+    #[error(
+        "{} is not a snapshot: it has no {STATE_FILE} (a snapshot is the directory that --snapshot-dir, SIGUSR2 or `PUT /snapshot/create` wrote, holding {STATE_FILE} and {MEMORY_FILE})",
+        .0.display()
+    )]
+    NotASnapshot(PathBuf),
     /// A diff snapshot's chain of parents comes back to itself.
     #[error("the chain of diff snapshots loops: {0} is its own ancestor")]
     Loop(PathBuf),
@@ -367,7 +373,17 @@ pub fn read_state_crc(dir: &Path) -> Result<(VmSnapshot, u64), SnapshotError> {
 /// CRC-64 and the file's identity (device, inode).
 fn read_state_file(dir: &Path) -> Result<(VmSnapshot, u64, (u64, u64)), SnapshotError> {
     let path = dir.join(STATE_FILE);
-    let file = open_regular(dir, STATE_FILE)?;
+    let file = open_regular(dir, STATE_FILE).map_err(|e| match e {
+        // The directory is there, its state file is not: say what the
+        // directory is not, rather than which file it lacks.
+        SnapshotError::File(HostFsError::Io {
+            path: missing,
+            source,
+        }) if source.kind() == io::ErrorKind::NotFound && missing != dir => {
+            SnapshotError::NotASnapshot(dir.to_owned())
+        }
+        e => e,
+    })?;
     let meta = file.metadata().map_err(io_err(&path))?;
     let identity = (meta.dev(), meta.ino());
     if meta.len() > MAX_PAYLOAD + HEADER_LEN as u64 {
@@ -978,7 +994,9 @@ mod tests {
         let _ = std::fs::remove_dir_all(&root);
         // (directory, how its state.bin is made)
         type Make = fn(&Path);
-        let table: [(&str, Make, &str); 4] = [
+        let table: [(&str, Make, &str); 5] = [
+            // No state file at all: a directory that is not a snapshot.
+            ("empty", |_| {}, "NotASnapshot"),
             (
                 "fifo",
                 |p| {
