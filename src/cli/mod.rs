@@ -548,7 +548,7 @@ pub enum CliError {
     #[error("cannot encode JSON: {0}")]
     Json(#[from] serde_json::Error),
     /// A file named on the command line cannot be read.
-    #[error("cannot read {what} {source}")]
+    #[error("cannot read {what}: {source}")]
     Read {
         /// Which file.
         what: &'static str,

@@ -30,7 +30,7 @@ use crate::vmm::{HostConfig, Profiling, RestoreConfig, SnapshotPlan, VmConfig, V
 #[derive(Debug, Error)]
 pub enum LaunchError {
     /// A file named in the configuration cannot be read.
-    #[error("cannot read {what} {source}")]
+    #[error("cannot read {what}: {source}")]
     Read {
         /// Which file.
         what: &'static str,

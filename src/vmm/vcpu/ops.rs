@@ -153,6 +153,10 @@ pub struct KvmVcpu {
 /// MXCSR's and MXCSR_MASK's 32-bit words in an XSAVE image (its legacy
 /// FXSAVE region, bytes 24 and 28).
 const XSAVE_MXCSR: usize = 6;
+/// XSTATE_BV's low 32-bit word (the XSAVE header at byte 512) and its SSE
+/// component's bit.
+const XSAVE_XSTATE_BV: usize = 128;
+const XFEATURE_SSE: u32 = 1 << 1;
 const XSAVE_MXCSR_MASK: usize = 7;
 
 impl KvmVcpu {
@@ -365,9 +369,19 @@ impl VcpuOps for KvmVcpu {
         // SAFETY: the buffer was sized from KVM_CAP_XSAVE2 on this VM, which
         // is what KVM_GET_XSAVE2 writes and KVM_SET_XSAVE reads.
         unsafe { self.fd.get_xsave2(&mut xsave) }.map_err(self.ioctl("KVM_GET_XSAVE2"))?;
-        // SAFETY: only the fixed region's MXCSR word is written through this
-        // reference; the flexible array is untouched.
-        unsafe { xsave.as_mut_fam_struct() }.xsave.region[XSAVE_MXCSR] = value;
+        // SAFETY: only the fixed region's MXCSR word and XSTATE_BV's low
+        // word are written through this reference; the flexible array is
+        // untouched.
+        let region = &mut unsafe { xsave.as_mut_fam_struct() }.xsave.region;
+        region[XSAVE_MXCSR] = value;
+        // KVM takes MXCSR from an image only when XSTATE_BV names SSE (or
+        // AVX) state. After the host saved the guest's registers in their
+        // initial configuration (XSAVES's init optimisation, which a busy
+        // host's context switches bring) the bit is clear and the new MXCSR
+        // was dropped: a load that did not take, now and then. The image's
+        // XMM registers then read as their initial zeros, so naming the
+        // component changes nothing else.
+        region[XSAVE_XSTATE_BV] |= XFEATURE_SSE;
         // SAFETY: as for KVM_GET_XSAVE2 above.
         unsafe { self.fd.set_xsave2(&xsave) }.map_err(self.ioctl("KVM_SET_XSAVE"))
     }
