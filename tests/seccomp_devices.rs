@@ -18,6 +18,9 @@
 // A test: a failed setup or expectation stops it with its message.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
+use common::{NamespaceGuard, ip};
 use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::UdpSocket;
@@ -859,30 +862,6 @@ fn every_guest_vsock_path_stays_inside_the_vsock_allowlist() {
     assert_ran(&out, "vsock");
 }
 
-/// Deletes the scenario's network namespace, and with it the tap.
-struct Netns(String);
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "delete", &self.0])
-            .output();
-    }
-}
-
-fn ip(args: &[&str]) {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .expect("this test needs `ip` (iproute2)");
-    assert!(
-        out.status.success(),
-        "`ip {}` failed: {} (this test needs the rights to create network namespaces and taps: run it as root)",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// The disk and network thread: every kind of block request and refusal,
 /// frames both ways on a tap, a receive buffer too small for a frame, a
 /// frame too long, broken rings.
@@ -893,7 +872,7 @@ fn every_guest_disk_and_network_path_stays_inside_the_device_allowlist() {
     let name = format!("lwpvmm-seccomp-{}", std::process::id());
     let _ = Command::new("ip").args(["netns", "delete", &name]).output();
     ip(&["netns", "add", &name]);
-    let ns = Netns(name);
+    let ns = NamespaceGuard(name);
     let n = ns.0.as_str();
     ip(&["-n", n, "tuntap", "add", "dev", TAP, "mode", "tap"]);
     ip(&["-n", n, "addr", "add", &format!("{HOST_IP}/24"), "dev", TAP]);

@@ -11,6 +11,9 @@
 // A test: a failed setup or expectation stops it with its message.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
+use common::{NamespaceGuard, ip};
 use std::net::UdpSocket;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -26,19 +29,6 @@ use lwpvmm::vmm::{VmConfig, VmEnd};
 /// How much lwpvmm's resident memory may grow while the tap is flooded.
 const RSS_GROWTH_BOUND_KIB: u64 = 16 << 10;
 const TAP: &str = "lwphostile0";
-
-fn ip(args: &[&str]) {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .expect("this test needs `ip` (iproute2)");
-    assert!(
-        out.status.success(),
-        "`ip {}` failed: {} (this test needs /dev/net/tun and the rights to create network namespaces and taps: run it as root)",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 /// Runs `f` on a thread inside the namespace `ns`.
 fn in_netns<T: Send + 'static>(
@@ -61,16 +51,6 @@ fn rss_kib() -> u64 {
         .expect("VmRSS")
 }
 
-struct Netns(String);
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "delete", &self.0])
-            .output();
-    }
-}
-
 #[test]
 fn malformed_chains_and_a_flooded_tap_leave_lwpvmm_up_and_small() {
     assert!(
@@ -84,7 +64,7 @@ fn malformed_chains_and_a_flooded_tap_leave_lwpvmm_up_and_small() {
     let name = format!("lwpvmm-hostile-{}", std::process::id());
     let _ = Command::new("ip").args(["netns", "delete", &name]).output();
     ip(&["netns", "add", &name]);
-    let ns = Netns(name.clone());
+    let ns = NamespaceGuard(name.clone());
     ip(&["-n", &name, "tuntap", "add", "dev", TAP, "mode", "tap"]);
     ip(&["-n", &name, "addr", "add", "172.31.0.1/24", "dev", TAP]);
     ip(&["-n", &name, "link", "set", TAP, "up"]);

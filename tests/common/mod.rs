@@ -501,6 +501,33 @@ pub fn wait_for_path(path: &std::path::Path, within: Duration) {
     }
 }
 
+/// Runs `ip ARGS` (iproute2), failing the test with what `ip` said and
+/// what the test needs.
+pub fn ip(args: &[&str]) {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .expect("this test needs `ip` (iproute2)");
+    assert!(
+        out.status.success(),
+        "`ip {}` failed: {} (this test needs /dev/net/tun and the rights to create network namespaces and taps: run it as root)",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The network namespace of this name, deleted (with its taps) when
+/// dropped.
+pub struct NamespaceGuard(pub String);
+
+impl Drop for NamespaceGuard {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "delete", &self.0])
+            .output();
+    }
+}
+
 /// A network namespace with a tap, torn down when dropped (the tests
 /// that need one run as root, as CI does).
 pub struct Netns {
