@@ -463,7 +463,7 @@ impl FirecrackerApi {
         if load.vsock_override.is_some() {
             return Err(not(
                 "vsock_override",
-                "lwpvmm has no virtio-vsock device yet",
+                "a loaded VM's vsock device binds the uds_path its snapshot names",
             ));
         }
         if load.clock_realtime == Some(true) {
