@@ -597,3 +597,57 @@ fn a_missing_tap_is_refused_when_put_a_large_body_is_taken_and_a_failed_start_le
     assert!(left.is_empty(), "a failed start left {left:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `PUT /logger` without a level logs at Firecracker's default, Info: every
+/// API request as Firecracker's API server logs it, and the boot's
+/// milestones (a guest that boots at once and ends: the replay guest).
+#[test]
+fn the_logger_logs_the_requests_and_the_boot() {
+    require_kvm();
+    let dir = scratch("logger");
+    let bin = firecracker(&dir);
+    let sock = dir.join("firecracker.socket");
+    let log = dir.join("fc.log");
+    let kernel = dir.join("replay.elf");
+    std::fs::write(&kernel, lwpvmm::guests::get("replay").unwrap()).unwrap();
+    let vm = spawn_within(
+        Command::new(&bin).args(["--api-sock", path(&sock)]),
+        RUN_LIMIT,
+    );
+    wait_for_path(&sock, Duration::from_secs(30));
+    expect(
+        &sock,
+        "PUT",
+        "/logger",
+        &format!(r#"{{"log_path": "{}"}}"#, path(&log)),
+        204,
+    );
+    expect(
+        &sock,
+        "PUT",
+        "/boot-source",
+        &format!(
+            r#"{{"kernel_image_path": "{}", "boot_args": "iterations=1000"}}"#,
+            path(&kernel)
+        ),
+        204,
+    );
+    expect(
+        &sock,
+        "PUT",
+        "/actions",
+        r#"{"action_type": "InstanceStart"}"#,
+        204,
+    );
+    let out = vm.wait();
+    assert!(out.status.code().is_some(), "{out:?}");
+    let logged = std::fs::read_to_string(&log).unwrap();
+    // (`PUT /logger` itself came before the log was there.)
+    for line in [
+        "The API server received a Put request on \"/boot-source\".",
+        "The API server received a Put request on \"/actions\".",
+        "ready: 1 vCPU(s) running",
+    ] {
+        assert!(logged.contains(line), "`{line}` not in the log:\n{logged}");
+    }
+}

@@ -409,7 +409,7 @@ impl FirecrackerApi {
             let path = PathBuf::from(path);
             self.ask(|reply| Launch::Logger(path, reply))?;
         }
-        set_level(logger.level.as_deref());
+        set_level(Some(logger.level.as_deref().unwrap_or(DEFAULT_LOG_LEVEL)));
         self.setup.logger = Some(logger);
         Ok(Response::no_content())
     }
@@ -584,6 +584,29 @@ fn unknown(r: &Request) -> Response {
     )
 }
 
+/// The level of a logger set up without one: Firecracker's `Logger`
+/// default (firecracker.yaml), at which every API request and the boot's
+/// milestones are logged.
+pub const DEFAULT_LOG_LEVEL: &str = "Info";
+
+/// Logs a request as Firecracker's API server does, at Info (the method
+/// capitalised as Firecracker writes it; the body is left out: it may hold
+/// a guest's secrets, such as MMDS data).
+fn log_request(r: &Request) {
+    let method = r.method.to_ascii_lowercase();
+    let mut chars = method.chars();
+    let method: String = chars
+        .next()
+        .map(|c| c.to_ascii_uppercase())
+        .into_iter()
+        .chain(chars)
+        .collect();
+    log::info!(
+        "The API server received a {method} request on {:?}.",
+        r.path
+    );
+}
+
 /// Sets the log level Firecracker's way (`Warning`, any case).
 pub fn set_level(level: Option<&str>) {
     let filter = match level.map(str::to_ascii_lowercase).as_deref() {
@@ -609,6 +632,7 @@ fn endpoint(r: &Request) -> (Option<&'static Endpoint>, Call<'_>) {
 
 impl Frontend for FirecrackerApi {
     fn before_start(&mut self, r: &Request) -> Before {
+        log_request(r);
         match endpoint(r) {
             (Some(e), call) => (e.before)(self, &call),
             (None, _) => Before::Now(unknown(r)),
@@ -616,6 +640,7 @@ impl Frontend for FirecrackerApi {
     }
 
     fn after_start(&mut self, r: &Request, vm: &VmmHandle) -> Option<Response> {
+        log_request(r);
         match endpoint(r) {
             (Some(e), call) => (e.after)(self, &call, vm),
             (None, _) => not_offered(r),

@@ -14,7 +14,7 @@ use std::time::Duration;
 use thiserror::Error;
 
 use super::args::{Args, ArgsError};
-use super::frontend::{FirecrackerApi, set_level};
+use super::frontend::{DEFAULT_LOG_LEVEL, FirecrackerApi, set_level};
 use super::launch::{self, HostSettings, Launch, LaunchError};
 use super::model::{API_VERSION, FullConfig, Metrics};
 use super::setup::{Setup, SetupError};
@@ -112,7 +112,9 @@ pub fn main(args: &[String], out: &mut dyn Write) -> Result<u8, RunError> {
     if let Some(path) = &args.log_path {
         crate::log_sink::redirect(launch::open_log(path)?);
     }
-    set_level(args.level.as_deref());
+    // A log file without a level logs at Firecracker's default, Info.
+    let default = args.log_path.as_ref().map(|_| DEFAULT_LOG_LEVEL);
+    set_level(args.level.as_deref().or(default));
     if args.enable_pci {
         // Taken so that a client that always passes it (microheart) starts
         // lwpvmm; its guest then finds its devices on virtio-mmio,
@@ -127,7 +129,10 @@ pub fn main(args: &[String], out: &mut dyn Write) -> Result<u8, RunError> {
             if let Some(log_path) = setup.logger.as_ref().and_then(|l| l.log_path.as_ref()) {
                 crate::log_sink::redirect(launch::open_log(Path::new(log_path))?);
             }
-            set_level(setup.logger.as_ref().and_then(|l| l.level.as_deref()));
+            if let Some(logger) = &setup.logger {
+                let level = logger.level.as_deref().or(args.level.as_deref());
+                set_level(Some(level.unwrap_or(DEFAULT_LOG_LEVEL)));
+            }
             setup
         }
         None => Setup::default(),
