@@ -137,6 +137,24 @@ fn the_selftest_booted_from_a_disk_passes_and_leaves_its_result_on_it() {
     assert_eq!(doc["vm"]["device_errors"].as_u64(), Some(0), "{doc}");
 }
 
+/// A command line without `init=`, as a Firecracker client's usually is:
+/// Linux runs `/sbin/init` of the root disk, which is the self-test.
+#[test]
+fn a_root_disk_boots_without_init_on_the_command_line() {
+    let dir = scratch("disk-sbin-init");
+    let root = root_copy(&dir);
+    let cmdline = format!("{} root=/dev/vda rw", lwpvmm::vmm::boot::LINUX_CMDLINE);
+    assert!(!cmdline.contains(" init="));
+    let (out, console) = linux_with(&[], &["--disk", path(&root), "--cmdline", &cmdline]);
+    assert_eq!(out.status.code(), Some(0), "{console}");
+    for line in [
+        "Run /sbin/init as init process",
+        "lwp-linux-selftest: 22 passed, 0 failed",
+    ] {
+        assert!(console.contains(line), "missing {line:?}:\n{console}");
+    }
+}
+
 /// /lwp-disk writes a pattern to a second disk and hits the snapshot port
 /// halfway, with the guest's writeback under way; a third disk is attached
 /// read-only. The run completes; then the second half of the data disk is

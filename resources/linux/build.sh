@@ -286,10 +286,13 @@ gcc -O2 -o "$OUT/gen_init_cpio" "$SUPPORT/gen_init_cpio.c"
 
 # The root file system image: what the initramfs holds, as ext4, built
 # without root by mke2fs -d. /dev is empty (the kernel mounts devtmpfs on
-# it: CONFIG_DEVTMPFS_MOUNT), /proc a mount point.
+# it: CONFIG_DEVTMPFS_MOUNT), /proc a mount point. /sbin/init is a link to
+# /init, the first place Linux looks without init=: a Firecracker client
+# that names only a root drive gets the self-test too.
 ROOT="$OUT/rootfs"
 rm -rf "$ROOT" "$OUT/rootfs.ext4"
-mkdir -p "$ROOT/dev" "$ROOT/proc"
+mkdir -p "$ROOT/dev" "$ROOT/proc" "$ROOT/sbin"
+ln -s /init "$ROOT/sbin/init"
 for src in "$HERE"/init/*.c; do
     prog=$(basename "$src" .c)
     name=$prog
