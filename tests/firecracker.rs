@@ -651,3 +651,54 @@ fn the_logger_logs_the_requests_and_the_boot() {
         assert!(logged.contains(line), "`{line}` not in the log:\n{logged}");
     }
 }
+
+/// What Firecracker's clients send boots our kernel: firecracker-python's
+/// own `boot_args` (none of the words this host needs, which lwpvmm adds
+/// for our kernel run emulated) and no `boot_args` at all, each with only a
+/// root drive and no initrd (Linux runs the drive's /sbin/init).
+#[test]
+fn a_clients_boot_args_or_none_and_a_root_drive_boot_our_kernel() {
+    require_kvm();
+    let _one = LINUX_GUEST
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let linux = linux();
+    // (the config's boot_args, if any)
+    let table = [Some("console=ttyS0 reboot=k panic=1 pci=off"), None];
+    for (i, boot_args) in table.into_iter().enumerate() {
+        let dir = scratch(&format!("client-args-{i}"));
+        let config = dir.join("vm.json");
+        let args = boot_args.map_or(String::new(), |a| format!(r#", "boot_args": "{a}""#));
+        std::fs::write(
+            &config,
+            format!(
+                r#"{{
+  "boot-source": {{"kernel_image_path": "{}"{args}}},
+  "drives": [{{"drive_id": "rootfs", "path_on_host": "{}", "is_root_device": true, "is_read_only": true}}],
+  "machine-config": {{"vcpu_count": 1, "mem_size_mib": 64}}
+}}"#,
+                path(&linux.join("vmlinux")),
+                path(&linux.join("rootfs.ext4")),
+            ),
+        )
+        .unwrap();
+        let out = spawn_within(
+            Command::new(common::BIN).args([
+                "firecracker",
+                "--no-api",
+                "--config-file",
+                path(&config),
+            ]),
+            RUN_LIMIT,
+        )
+        .wait();
+        let console = Console::of(&out);
+        assert_eq!(out.status.code(), Some(0), "{boot_args:?}: {console}");
+        for line in ["Run /sbin/init as init process", ALL_PASSED] {
+            assert!(
+                console.contains(line),
+                "{boot_args:?}: no {line:?}:\n{console}"
+            );
+        }
+    }
+}

@@ -87,6 +87,29 @@ pub fn is_our_build(image: &[u8]) -> bool {
     memchr::memmem::find(image, OUR_BUILD).is_some()
 }
 
+/// The words of a command line that are the user's choice whatever the
+/// host: [`host_words`] never adds them.
+const CLIENT_KEYS: [&str; 4] = ["console", "reboot", "panic", "rdinit"];
+
+/// The words of [`LINUX_CMDLINE`] that `cmdline` lacks and that our kernel
+/// needs on a host that emulates its CPL0 (kvm_pvm): the CPU features whose
+/// instructions the emulator lacks hidden (`clearcpuid=`: without it the
+/// kernel dies on XRSTOR), and the boot-time paths the emulator makes slow
+/// left out. A word whose key (before `=`) the line has already is the
+/// user's, as are the console and the VM's end ([`CLIENT_KEYS`]): a
+/// Firecracker client's `boot_args` still count.
+pub fn host_words(cmdline: &str) -> Vec<&'static str> {
+    let key = |word: &str| word.split('=').next().unwrap_or(word).to_owned();
+    let given: std::collections::HashSet<String> = cmdline.split_whitespace().map(key).collect();
+    LINUX_CMDLINE
+        .split_whitespace()
+        .filter(|w| {
+            let k = key(w);
+            !CLIENT_KEYS.contains(&k.as_str()) && !given.contains(&k)
+        })
+        .collect()
+}
+
 /// Reads a kernel or initramfs a user or an API client named, for a guest
 /// of `memory_mib` MiB: a regular file (`crate::hostfs`), refused before
 /// any byte is read when it is larger than the guest's RAM, which could not
@@ -893,6 +916,35 @@ mod tests {
         for (ram, want) in table {
             assert_eq!(memory_map(&ram), want);
         }
+    }
+
+    #[test]
+    fn a_users_line_gets_the_words_the_host_needs_and_keeps_its_own() {
+        let clear = LINUX_CMDLINE
+            .split_whitespace()
+            .find(|w| w.starts_with("clearcpuid="))
+            .unwrap();
+        // (the line, a word it must get, a word it must not)
+        let table = [
+            ("console=ttyS0 reboot=k panic=1 pci=off", clear, "panic=-1"),
+            (
+                "console=ttyS0 reboot=k panic=1 pci=off",
+                "nopti",
+                "console=ttyS0",
+            ),
+            (
+                "clearcpuid=154 quiet",
+                "nopti",
+                "clearcpuid=145,150,151,154,288,291,296,297,298,308,534,580",
+            ),
+            ("", "nokaslr", "rdinit=/init"),
+        ];
+        for (line, added, kept_out) in table {
+            let words = host_words(line);
+            assert!(words.contains(&added), "{line:?}: {words:?}");
+            assert!(!words.contains(&kept_out), "{line:?}: {words:?}");
+        }
+        assert!(host_words(LINUX_CMDLINE).is_empty());
     }
 
     #[test]

@@ -134,6 +134,19 @@ fn boot_kernel(
             }
         );
     }
+    // Our kernel run emulated on kvm_pvm needs words a user's line (a
+    // Firecracker client's `boot_args`) may lack: added, and said once.
+    let cmdline = match host_words_for(&kernel, image, cmdline) {
+        added if added.is_empty() => cmdline.to_owned(),
+        added => {
+            log::info!(
+                "added `{}` to the kernel command line: this host's KVM emulates the guest's CPL0, where our kernel needs them (docs/linux-guest.md, \"The command line\")",
+                added.join(" ")
+            );
+            format!("{cmdline} {}", added.join(" ")).trim().to_owned()
+        }
+    };
+    let cmdline = cmdline.as_str();
     let (cmdline, devices) = match virtio {
         Some(virtio) if kernel.cmdline_devices => {
             let line = format!("{cmdline} {}", virtio.cmdline());
@@ -150,6 +163,15 @@ fn boot_kernel(
         .set_sregs(&sregs)
         .map_err(setup("KVM_SET_SREGS"))?;
     boot_vcpu.set_regs(&regs).map_err(setup("KVM_SET_REGS"))
+}
+
+/// What [`boot::host_words`] adds for `kernel`: only for our own build, run
+/// emulated, on kvm_pvm.
+fn host_words_for(kernel: &boot::LoadedKernel, image: &[u8], cmdline: &str) -> Vec<&'static str> {
+    if kernel.native || !boot::is_our_build(image) || !crate::vmm::config::host_is_kvm_pvm() {
+        return Vec::new();
+    }
+    boot::host_words(cmdline)
 }
 
 /// A VM resumed from the snapshot in `config.dir`. Everything in it is

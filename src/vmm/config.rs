@@ -196,6 +196,12 @@ pub enum SyscallFixupMode {
 /// Where the kvm_pvm module shows itself when it is loaded.
 const KVM_PVM_MODULE: &str = "/sys/module/kvm_pvm";
 
+/// Whether the host's KVM is kvm_pvm, which runs guest CPL0 in its
+/// instruction emulator (unless the kernel runs in its native mode).
+pub fn host_is_kvm_pvm() -> bool {
+    std::path::Path::new(KVM_PVM_MODULE).exists()
+}
+
 impl SyscallFixupMode {
     /// Whether the fixup runs for a guest whose kernel runs in native
     /// supervisor mode (`native`) or emulated: `auto` leaves it off in
@@ -210,7 +216,7 @@ impl SyscallFixupMode {
     /// Whether the fixup runs on this host.
     pub fn enabled(self) -> bool {
         match self {
-            SyscallFixupMode::Auto => std::path::Path::new(KVM_PVM_MODULE).exists(),
+            SyscallFixupMode::Auto => host_is_kvm_pvm(),
             SyscallFixupMode::On => true,
             SyscallFixupMode::Off => false,
         }
