@@ -94,6 +94,19 @@ fn vsock_echo(uds: &Path, message: &[u8]) -> Vec<u8> {
     echo
 }
 
+/// lwpvmm under the name `firecracker` in `dir`, serving only its API
+/// socket (returned once it is there).
+fn api_only(dir: &Path) -> (common::Bounded, PathBuf) {
+    let bin = firecracker(dir);
+    let sock = dir.join("firecracker.socket");
+    let vm = spawn_within(
+        Command::new(&bin).args(["--api-sock", path(&sock)]),
+        RUN_LIMIT,
+    );
+    wait_for_path(&sock, Duration::from_secs(30));
+    (vm, sock)
+}
+
 /// Sends a request and asserts its status.
 fn expect(sock: &Path, method: &str, at: &str, body: &str, status: u16) -> String {
     let (got, answer) = http(sock, method, at, body);
@@ -527,16 +540,10 @@ fn firecrackers_command_line_is_taken_and_refused_as_firecracker_does() {
 fn a_missing_tap_is_refused_when_put_a_large_body_is_taken_and_a_failed_start_leaves_nothing() {
     require_kvm();
     let dir = scratch("failed-start");
-    let bin = firecracker(&dir);
-    let sock = dir.join("firecracker.socket");
     let metrics = dir.join("metrics.json");
     let junk = dir.join("junk.bin");
     std::fs::write(&junk, vec![0x5a; 4096]).unwrap();
-    let _vm = spawn_within(
-        Command::new(&bin).args(["--api-sock", path(&sock)]),
-        RUN_LIMIT,
-    );
-    wait_for_path(&sock, Duration::from_secs(30));
+    let (_vm, sock) = api_only(&dir);
     let refused = expect(
         &sock,
         "PUT",
@@ -605,16 +612,10 @@ fn a_missing_tap_is_refused_when_put_a_large_body_is_taken_and_a_failed_start_le
 fn the_logger_logs_the_requests_and_the_boot() {
     require_kvm();
     let dir = scratch("logger");
-    let bin = firecracker(&dir);
-    let sock = dir.join("firecracker.socket");
     let log = dir.join("fc.log");
     let kernel = dir.join("replay.elf");
     std::fs::write(&kernel, lwpvmm::guests::get("replay").unwrap()).unwrap();
-    let vm = spawn_within(
-        Command::new(&bin).args(["--api-sock", path(&sock)]),
-        RUN_LIMIT,
-    );
-    wait_for_path(&sock, Duration::from_secs(30));
+    let (vm, sock) = api_only(&dir);
     expect(
         &sock,
         "PUT",

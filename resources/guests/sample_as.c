@@ -51,13 +51,17 @@ static int in_main(u64 ip) { return ip >= (u64)main && ip < (u64)main + 768; }
 
 int main(void)
 {
+    /* Read before LLWPCB: with the LWPCB loaded, A runs only main, its
+     * loop and its wait, where a record of its own may land (a kick once
+     * landed in cmdline_number, A's own code outside those three). */
+    u64 n = work();
     memset(CB, 0, sizeof(*CB));
     CB->flags = LWP_CNH;
     CB->buffer_size = SLOTS * sizeof(struct lwp_record);
     CB->buffer_base = (u64)RING;
     CB->events[4].interval = 0xfffff;
     __llwpcb(CB);
-    task_a_loop(work());
+    task_a_loop(n);
     done_flag[0] = 1;
     wait_for_b();
     __slwpcb();

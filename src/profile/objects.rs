@@ -581,21 +581,24 @@ impl Resolver {
     }
 }
 
+/// A 1 MiB mapping of `path` at `start` from file offset 4 KiB (the test
+/// guests' layout), for tests.
+#[cfg(test)]
+pub(crate) fn mapping(cr3: u64, start: u64, path: &str, first: bool) -> MappingLine {
+    MappingLine {
+        cr3,
+        start,
+        end: start + 0x10_0000,
+        offset: 0x1000,
+        path: path.into(),
+        build_id: String::new(),
+        first,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn mapping(cr3: u64, start: u64, path: &str, first: bool) -> MappingLine {
-        MappingLine {
-            cr3,
-            start,
-            end: start + 0x10_0000,
-            offset: 0x1000,
-            path: path.into(),
-            build_id: String::new(),
-            first,
-        }
-    }
 
     #[test]
     fn symbols_from_an_embedded_guest() {

@@ -602,15 +602,9 @@ mod tests {
         );
         // The table names a buffer's file first, the program second.
         for (start, path, first) in [(0x40_0000, "/records", true), (0x10_0000, "/demo", false)] {
-            resolver.mapping(&MappingLine {
-                cr3: 0x1000,
-                start,
-                end: start + 0x10_0000,
-                offset: 0x1000,
-                path: path.into(),
-                build_id: String::new(),
-                first,
-            });
+            resolver.mapping(&crate::profile::objects::mapping(
+                0x1000, start, path, first,
+            ));
         }
         let mut tally = Tally::default();
         for r in [
