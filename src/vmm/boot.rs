@@ -50,15 +50,24 @@ const CMDLINE_MAX: usize = 4096;
 /// around kvm_pvm, whose CPL0 emulation is slow and incomplete: clearcpuid
 /// hides features whose instructions its emulator cannot run (XSAVE is the
 /// one that matters; CLAC/STAC, POPCNT and friends would otherwise need
-/// emulating in lwpvmm), and `nompscan` is a parameter of our host-quirk
-/// patches. `noreplace-smp` and `percpu_alloc=page` answer the whole-guest
+/// emulating in lwpvmm). What the kernel needs on lwpvmm whatever the host
+/// is built into it ([`KERNEL_BUILTIN_CMDLINE`]), not here. `noreplace-smp`
+/// and `percpu_alloc=page` answer the whole-guest
 /// profile of a boot: one vCPU's kernel rewrote every LOCK prefix
 /// (`alternatives_smp_module_add`, 6% of it), and each vCPU's per-CPU area
 /// was a zeroed 2 MiB unit (`pcpu_embed_first_chunk`, 6%). docs/linux-guest.md
 /// has the details.
-pub const LINUX_CMDLINE: &str = "console=ttyS0 reboot=k panic=-1 rdinit=/init nopti nokaslr \
+pub const LINUX_CMDLINE: &str = "console=ttyS0 reboot=k panic=-1 rdinit=/init \
      clearcpuid=145,150,151,154,288,291,296,297,298,308,534,580 \
-     no_timer_check nompscan rodata=off noreplace-smp percpu_alloc=page";
+     no_timer_check rodata=off noreplace-smp percpu_alloc=page";
+/// The command line built into the project's kernel (CONFIG_CMDLINE in
+/// resources/linux/lwpvmm.config), ahead of the boot loader's, whose words
+/// then win: what it needs on lwpvmm on any host, so that a command line
+/// of a user's own keeps it. Only `nompscan` (patch 0003: lwpvmm has no MP
+/// table). The host's words cannot be built in: Linux 6.1 reads
+/// `clearcpuid=` in `early_cpu_init`, before `setup_arch` merges the
+/// built-in line, so lwpvmm adds them ([`host_words`]).
+pub const KERNEL_BUILTIN_CMDLINE: &str = "nompscan";
 /// The default command line of `lwpvmm run` for any other kernel (a
 /// distribution's): the console and the VM's end as for ours, and what keeps
 /// it off the paths a host that emulates guest CPL0 makes slow or cannot
@@ -929,15 +938,15 @@ mod tests {
             ("console=ttyS0 reboot=k panic=1 pci=off", clear, "panic=-1"),
             (
                 "console=ttyS0 reboot=k panic=1 pci=off",
-                "nopti",
+                "no_timer_check",
                 "console=ttyS0",
             ),
             (
                 "clearcpuid=154 quiet",
-                "nopti",
+                "rodata=off",
                 "clearcpuid=145,150,151,154,288,291,296,297,298,308,534,580",
             ),
-            ("", "nokaslr", "rdinit=/init"),
+            ("", "percpu_alloc=page", "rdinit=/init"),
         ];
         for (line, added, kept_out) in table {
             let words = host_words(line);
@@ -945,6 +954,23 @@ mod tests {
             assert!(!words.contains(&kept_out), "{line:?}: {words:?}");
         }
         assert!(host_words(LINUX_CMDLINE).is_empty());
+    }
+
+    #[test]
+    fn the_kernels_built_in_line_is_the_configs_and_not_repeated() {
+        let config = include_str!("../../resources/linux/lwpvmm.config");
+        let line = format!("CONFIG_CMDLINE=\"{KERNEL_BUILTIN_CMDLINE}\"");
+        assert!(
+            config.lines().any(|l| l == line),
+            "lwpvmm.config lacks {line}"
+        );
+        assert!(config.lines().any(|l| l == "CONFIG_CMDLINE_BOOL=y"));
+        for word in KERNEL_BUILTIN_CMDLINE.split_whitespace() {
+            assert!(
+                !LINUX_CMDLINE.split_whitespace().any(|w| w == word),
+                "{word} is built in and also in LINUX_CMDLINE"
+            );
+        }
     }
 
     #[test]

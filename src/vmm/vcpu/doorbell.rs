@@ -11,6 +11,7 @@ use kvm_bindings::{kvm_regs, kvm_sregs};
 use vm_memory::ByteValued;
 
 use super::context::ExitCx;
+use super::emulator_gap;
 use super::inject;
 use super::kernel_insn::{self, KernelMnemonic};
 use super::ops::MSR_KERNEL_GS_BASE;
@@ -300,7 +301,14 @@ pub fn emulation_failure(cx: &mut ExitCx<'_>) -> Result<VcpuStep, VcpuError> {
             inject::fault(cx, &regs, &sregs, GuestFault::InvalidOpcode)?;
             Ok(VcpuStep::Continue)
         }
-        Outcome::NotLwp(NotLwp::OtherInstruction) => Err(unhandled(&described)),
+        Outcome::NotLwp(NotLwp::OtherInstruction) => {
+            let why = privilege::is_kernel(&sregs)
+                .then(|| emulator_gap::known(bytes))
+                .flatten()
+                .map(|gap| gap.explain())
+                .unwrap_or_default();
+            Err(unhandled(&format!("{described}{why}")))
+        }
     }
 }
 
@@ -566,7 +574,7 @@ mod tests {
             Result<u64, &'static str>,
             Option<u8>,
         );
-        let table: [Case; 9] = [
+        let table: [Case; 10] = [
             (
                 "verw, which the host's emulator lacks: carried out",
                 LwpProfile::Emulated,
@@ -629,6 +637,14 @@ mod tests {
                 vec![0x0f, 0x0b],
                 0,
                 Err("0f 0b"),
+                None,
+            ),
+            (
+                "XRSTOR, which the emulator lacks: the cause and the fix",
+                LwpProfile::Emulated,
+                vec![0x48, 0x0f, 0xae, 0x2f],
+                0,
+                Err("48 0f ae 2f; that is XRSTOR at CPL0"),
                 None,
             ),
             (

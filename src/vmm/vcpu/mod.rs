@@ -26,6 +26,7 @@ pub mod cpuid;
 #[cfg(test)]
 pub(crate) mod cued;
 mod doorbell;
+mod emulator_gap;
 mod exit;
 pub mod guest_paging;
 mod host_sample;
