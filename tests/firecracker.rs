@@ -475,6 +475,149 @@ fn a_config_file_boots_the_guest_without_the_api() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// dud's and husker's sandboxes: one golden snapshot, loaded by many
+/// processes at once, each clone on a tap and a vsock socket of its own
+/// (`network_overrides`, `vsock_override`), the golden's tap gone.
+#[test]
+fn clones_of_one_snapshot_get_taps_and_vsock_sockets_of_their_own() {
+    require_kvm();
+    let _one = LINUX_GUEST
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    assert!(
+        Path::new("/dev/net/tun").exists(),
+        "the clone test puts its guests on taps: it needs /dev/net/tun, which is missing on this machine"
+    );
+    let dir = scratch("clones");
+    let linux = linux();
+    let bin = firecracker(&dir);
+    let ns = Netns::create(&format!("lwpvmm-clone-{}", std::process::id()));
+    for tap in ["lwpclone1", "lwpclone2"] {
+        let out = Command::new("ip")
+            .args(["-n", &ns.name, "tuntap", "add", "dev", tap, "mode", "tap"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{tap}: {out:?}");
+    }
+    let in_ns = |sock: &Path| {
+        let mut c = Command::new("ip");
+        c.args([
+            "netns",
+            "exec",
+            &ns.name,
+            path(&bin),
+            "--api-sock",
+            path(sock),
+        ]);
+        c
+    };
+    let golden_uds = dir.join("golden.vsock");
+    let golden_sock = dir.join("golden.socket");
+    let snapshot = dir.join("golden");
+    let golden = spawn_within(&mut in_ns(&golden_sock), RUN_LIMIT);
+    wait_for_path(&golden_sock, Duration::from_secs(30));
+    for (at, body) in [
+        (
+            "/boot-source",
+            format!(
+                r#"{{"kernel_image_path": "{}", "initrd_path": "{}", "boot_args": "{} lwpvsock={VSOCK_PORT}"}}"#,
+                path(&linux.join("vmlinux")),
+                path(&linux.join("initramfs.cpio")),
+                lwpvmm::vmm::boot::LINUX_CMDLINE,
+            ),
+        ),
+        (
+            "/machine-config",
+            r#"{"vcpu_count": 1, "mem_size_mib": 64}"#.into(),
+        ),
+        (
+            "/network-interfaces/eth0",
+            r#"{"iface_id": "eth0", "host_dev_name": "lwptap0"}"#.into(),
+        ),
+        (
+            "/vsock",
+            format!(r#"{{"guest_cid": 3, "uds_path": "{}"}}"#, path(&golden_uds)),
+        ),
+        ("/actions", r#"{"action_type": "InstanceStart"}"#.into()),
+    ] {
+        expect(&golden_sock, "PUT", at, &body, 204);
+    }
+    assert_eq!(vsock_echo(&golden_uds, b"golden"), b"golden");
+    expect(&golden_sock, "PATCH", "/vm", r#"{"state": "Paused"}"#, 204);
+    expect(
+        &golden_sock,
+        "PUT",
+        "/snapshot/create",
+        &format!(
+            r#"{{"snapshot_type": "Full", "snapshot_path": "{}", "mem_file_path": "{}"}}"#,
+            path(&snapshot),
+            path(&snapshot.join("memory.bin"))
+        ),
+        204,
+    );
+    let out = golden.terminate();
+    assert_eq!(out.status.code(), Some(143), "{}", Console::of(&out));
+    let gone = Command::new("ip")
+        .args(["-n", &ns.name, "link", "delete", "lwptap0"])
+        .output()
+        .unwrap();
+    assert!(gone.status.success(), "{gone:?}");
+
+    let load = |overrides: &str| {
+        format!(
+            r#"{{"snapshot_path": "{}", "mem_backend": {{"backend_type": "File", "backend_path": "{}"}}, "resume_vm": true{overrides}}}"#,
+            path(&snapshot),
+            path(&snapshot.join("memory.bin"))
+        )
+    };
+    // Without overrides the golden's tap is named, and it is gone.
+    let plain_sock = dir.join("plain.socket");
+    let plain = spawn_within(&mut in_ns(&plain_sock), RUN_LIMIT);
+    wait_for_path(&plain_sock, Duration::from_secs(30));
+    let (status, answer) = http(&plain_sock, "PUT", "/snapshot/load", &load(""));
+    assert!(
+        status >= 400 && answer.contains("lwptap0"),
+        "{status} {answer}"
+    );
+    drop(plain.terminate());
+
+    let clones: Vec<_> = (1..=2)
+        .map(|i| {
+            let sock = dir.join(format!("clone{i}.socket"));
+            let uds = dir.join(format!("clone{i}.vsock"));
+            let run = spawn_within(&mut in_ns(&sock), RUN_LIMIT);
+            wait_for_path(&sock, Duration::from_secs(30));
+            expect(
+                &sock,
+                "PUT",
+                "/snapshot/load",
+                &load(&format!(
+                    r#", "network_overrides": [{{"iface_id": "eth0", "host_dev_name": "lwpclone{i}"}}], "vsock_override": {{"uds_path": "{}"}}"#,
+                    path(&uds)
+                )),
+                204,
+            );
+            (run, uds)
+        })
+        .collect();
+    // Both clones run at once, each answering on its own socket.
+    for (i, (_, uds)) in clones.iter().enumerate() {
+        let message = format!("clone {}", i + 1);
+        assert_eq!(vsock_echo(uds, message.as_bytes()), message.as_bytes());
+    }
+    for (run, uds) in clones {
+        let out = run.terminate();
+        let console = Console::of(&out);
+        assert_eq!(out.status.code(), Some(143), "{console}");
+        assert!(
+            !uds.exists(),
+            "the clone's vsock socket is removed at its end"
+        );
+    }
+    assert!(!golden_uds.exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn firecrackers_command_line_is_taken_and_refused_as_firecracker_does() {
     let dir = scratch("args");

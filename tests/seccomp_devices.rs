@@ -661,7 +661,7 @@ fn vsock_child() {
     drop(bus);
     std::fs::remove_file(&uds).unwrap();
     let second = vm(&kvm);
-    let bus = VirtioBus::restore(&second, &saved, &mem).unwrap();
+    let bus = VirtioBus::restore(&second, &saved, &mem, &Default::default()).unwrap();
     let threads = DeviceThread::start(&bus, Arc::clone(&mem), SeccompMode::On)
         .unwrap()
         .expect("the vsock thread");
@@ -713,6 +713,7 @@ fn devices_child() {
         read_only: false,
     };
     let net = NetConfig {
+        id: None,
         tap: TAP.into(),
         mac: None,
     };

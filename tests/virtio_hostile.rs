@@ -96,6 +96,7 @@ fn malformed_chains_and_a_flooded_tap_leave_lwpvmm_up_and_small() {
             read_only: false,
         }],
         nets: vec![NetConfig {
+            id: None,
             tap: TAP.into(),
             mac: None,
         }],

@@ -57,7 +57,7 @@ pub fn parse_net(text: &str) -> Result<NetConfig, String> {
         }
     }
     let tap = tap.ok_or("expected tap=NAME[,mac=MAC]: the tap is missing")?;
-    Ok(NetConfig { tap, mac })
+    Ok(NetConfig { id: None, tap, mac })
 }
 
 /// Six hexadecimal bytes separated by colons; not a multicast address.

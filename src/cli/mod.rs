@@ -736,6 +736,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
                 dir: args.dir.clone(),
                 profile: args.lwp.map(Into::into),
                 verify: args.verify,
+                overrides: Default::default(),
                 host: api_host(&args.host, None, None)?,
             };
             finish(vmm::restore(&config)?)

@@ -23,6 +23,7 @@ use super::setup::{Setup, SetupError};
 use crate::vmm::api::frontend::{Before, Frontend};
 use crate::vmm::api::http::{Request, Response};
 use crate::vmm::base::request::{SnapshotKind, VmmHandle};
+use crate::vmm::devices::virtio::DeviceOverrides;
 use crate::vmm::snapshot::MEMORY_FILE;
 
 /// Firecracker's answer to a pre-boot request after the start.
@@ -454,18 +455,7 @@ impl FirecrackerApi {
         let load = body::<SnapshotLoad>(r)?;
         let dir = PathBuf::from(&load.snapshot_path);
         let not = |field, why| refused(SetupError::NotOffered { field, why });
-        if load.network_overrides.is_some() {
-            return Err(not(
-                "network_overrides",
-                "a loaded VM uses the taps its snapshot names",
-            ));
-        }
-        if load.vsock_override.is_some() {
-            return Err(not(
-                "vsock_override",
-                "a loaded VM's vsock device binds the uds_path its snapshot names",
-            ));
-        }
+        let overrides = self.overrides(&load)?;
         if load.clock_realtime == Some(true) {
             return Err(not(
                 "clock_realtime",
@@ -514,6 +504,54 @@ impl FirecrackerApi {
                 .or(load.enable_diff_snapshots)
                 .unwrap_or(false),
             resume: load.resume_vm.unwrap_or(false),
+            overrides,
+        })
+    }
+
+    /// A load's `network_overrides` and `vsock_override`, checked as their
+    /// PUTs before the start are: each tap exists, no interface twice, and
+    /// the socket's path is the API's kind of path. Whether the snapshot
+    /// has the interfaces the load checks.
+    fn overrides(&self, load: &SnapshotLoad) -> Result<DeviceOverrides, Response> {
+        let asked = load.network_overrides.as_deref().unwrap_or_default();
+        if asked.len() > crate::vmm::devices::virtio::MAX_DEVICES {
+            return Err(refused(SetupError::TooMany("network overrides")));
+        }
+        let twice = asked.iter().enumerate().find_map(|(i, o)| {
+            asked[..i]
+                .iter()
+                .any(|p| p.iface_id == o.iface_id)
+                .then_some(o)
+        });
+        if let Some(o) = twice {
+            return Err(refused(SetupError::Invalid {
+                field: "network_overrides",
+                why: format!(
+                    "the interface `{}` is named twice",
+                    o.iface_id.chars().take(64).collect::<String>()
+                ),
+            }));
+        }
+        let mut taps: Vec<(String, String)> = Vec::new();
+        for o in asked {
+            self.setup
+                .check_override_tap(&o.host_dev_name)
+                .map_err(refused)?;
+            taps.push((o.iface_id.clone(), o.host_dev_name.clone()));
+        }
+        let vsock_uds_path = match &load.vsock_override {
+            Some(v) if v.uds_path.is_empty() => {
+                return Err(refused(SetupError::Invalid {
+                    field: "vsock_override uds_path",
+                    why: "give the path of the host socket to bind".into(),
+                }));
+            }
+            Some(v) => Some(PathBuf::from(&v.uds_path)),
+            None => None,
+        };
+        Ok(DeviceOverrides {
+            taps,
+            vsock_uds_path,
         })
     }
 }

@@ -23,7 +23,7 @@ use crate::vmm::base::seccomp::SeccompMode;
 use crate::vmm::config::SyscallFixupMode;
 use crate::vmm::devices::port_bus::SerialOut;
 use crate::vmm::devices::virtio::vsock::VsockConfig;
-use crate::vmm::devices::virtio::{DiskConfig, NetConfig};
+use crate::vmm::devices::virtio::{DeviceOverrides, DiskConfig, NetConfig};
 use crate::vmm::{HostConfig, Profiling, RestoreConfig, SnapshotPlan, VmConfig, VmError, Vmm};
 
 /// Why the main thread could not do what the API asked.
@@ -60,6 +60,8 @@ pub struct LoadPlan {
     pub track_dirty_pages: bool,
     /// Run at once; else pause it as it starts.
     pub resume: bool,
+    /// The taps and vsock socket of this clone.
+    pub overrides: DeviceOverrides,
 }
 
 /// What the API thread asks of the main thread.
@@ -136,6 +138,7 @@ pub fn boot(setup: &Setup, settings: HostSettings) -> Result<(Vmm, Started), Lau
         .iter()
         .map(|n| {
             Ok(NetConfig {
+                id: Some(n.iface_id.clone()),
                 tap: n.host_dev_name.clone(),
                 mac: n.guest_mac.as_deref().map(parse_mac).transpose()?,
             })
@@ -221,6 +224,7 @@ pub fn load(
         dir: plan.dir.clone(),
         profile: None,
         verify: false,
+        overrides: plan.overrides.clone(),
         host: host(settings, setup, plan.track_dirty_pages),
     };
     let vmm = crate::vmm::build_from_snapshot(&config)?;

@@ -229,6 +229,24 @@ pub enum VmState {
     Resumed,
 }
 
+/// An interface's new tap (`NetworkOverride`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkOverride {
+    /// The snapshotted VM's interface.
+    pub iface_id: String,
+    /// The tap it opens instead.
+    pub host_dev_name: String,
+}
+
+/// The vsock device's new socket (`VsockOverride`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VsockOverride {
+    /// The host socket.
+    pub uds_path: String,
+}
+
 /// `PUT /snapshot/load` (`SnapshotLoadParams`).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -250,12 +268,13 @@ pub struct SnapshotLoad {
     /// Run the VM at once (else it is loaded paused).
     #[serde(default)]
     pub resume_vm: Option<bool>,
-    /// Refused: taps are the snapshot's.
+    /// Taps of the loaded VM's interfaces instead of the snapshot's.
     #[serde(default)]
-    pub network_overrides: Option<serde_json::Value>,
-    /// Refused: the snapshot's socket path is bound again.
+    pub network_overrides: Option<Vec<NetworkOverride>>,
+    /// The socket the loaded VM's vsock device binds instead of the
+    /// snapshot's.
     #[serde(default)]
-    pub vsock_override: Option<serde_json::Value>,
+    pub vsock_override: Option<VsockOverride>,
     /// Refused: the guest's clock is restored as lwpvmm restores it.
     #[serde(default)]
     pub clock_realtime: Option<bool>,

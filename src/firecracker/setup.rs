@@ -512,6 +512,18 @@ impl Setup {
         Ok(())
     }
 
+    /// Checks the tap a load's `network_overrides` names as
+    /// [`Self::network`] checks `host_dev_name`.
+    pub fn check_override_tap(&self, name: &str) -> Result<(), SetupError> {
+        if !interface_name(name) {
+            return Err(SetupError::Invalid {
+                field: "network_overrides host_dev_name",
+                why: "a tap's name is 1 to 15 bytes, not `.` or `..`, without `/`, `:` or white space".into(),
+            });
+        }
+        tap(&self.interfaces, name)
+    }
+
     /// `PUT /vsock`: the guest's context ID (3 or more: 0 to 2 are the
     /// hypervisor's, the local and the host's; `u32::MAX` is "any") and the
     /// host socket, bound at start.

@@ -256,7 +256,7 @@ pub fn build_from_snapshot(config: &RestoreConfig) -> Result<Vmm, VmError> {
             .map_err(|e| VmError::VcpuState(saved.id, e))?;
     }
     snap.vm.apply(&machine.vm)?;
-    let virtio = VirtioBus::restore(&machine.vm, &snap.devices, &machine.mem)?;
+    let virtio = VirtioBus::restore(&machine.vm, &snap.devices, &machine.mem, &config.overrides)?;
     log::info!(
         "snapshot {} restored in {:.1} ms",
         config.dir.display(),

@@ -10,7 +10,7 @@ use crate::lwp::cpuid::{GuestLwpSupport, LwpProfile};
 use crate::vmm::base::seccomp::SeccompMode;
 use crate::vmm::devices::port_bus::SerialOut;
 use crate::vmm::devices::virtio::vsock::VsockConfig;
-use crate::vmm::devices::virtio::{DiskConfig, NetConfig};
+use crate::vmm::devices::virtio::{DeviceOverrides, DiskConfig, NetConfig};
 
 /// Guest RAM unless the caller sets it, in MiB.
 pub const DEFAULT_MEMORY_MIB: u64 = 128;
@@ -78,6 +78,9 @@ pub struct RestoreConfig {
     /// (`restore --verify`); without it pages are read as the guest
     /// touches them.
     pub verify: bool,
+    /// The taps and vsock socket the restored VM uses instead of the
+    /// snapshot's (a clone of a golden snapshot).
+    pub overrides: DeviceOverrides,
     /// Console, snapshots of the restored VM, seccomp, signals, sampler and
     /// trace.
     pub host: HostConfig,

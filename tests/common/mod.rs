@@ -176,6 +176,14 @@ impl Bounded {
         }
     }
 
+    /// Stops the run now with SIGTERM, as its limit would, and returns what
+    /// it printed.
+    pub fn terminate(mut self) -> Output {
+        self.stopped_because = Some("test harness: stopped with SIGTERM\n".into());
+        self.limit = self.started.elapsed();
+        self.wait()
+    }
+
     /// Waits for the end (or the limit) and returns what the run printed;
     /// a run stopped at its limit says so at the top of its standard error.
     pub fn wait(mut self) -> Output {

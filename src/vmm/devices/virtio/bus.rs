@@ -12,7 +12,8 @@ use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use super::block::{self, Block};
 use super::device::{
-    DeviceSpec, DiskConfig, GSIS, MAX_DEVICES, MMIO_BASE, NetConfig, VirtioError, WINDOW,
+    DeviceOverrides, DeviceSpec, DiskConfig, GSIS, MAX_DEVICES, MMIO_BASE, NetConfig, VirtioError,
+    WINDOW,
 };
 use super::mmio::{MmioTransport, REG_QUEUE_NOTIFY, TransportState, VirtioDevice};
 use super::net::{self, Net};
@@ -84,8 +85,13 @@ fn open_disk(
     ))
 }
 
-/// Opens a tap and builds its device.
-fn open_net(tap: &str, mac: [u8; 6], metrics: Arc<VcpuMetrics>) -> Result<Net, VirtioError> {
+/// Opens a tap and builds its device, the interface `id`.
+fn open_net(
+    tap: &str,
+    id: Option<String>,
+    mac: [u8; 6],
+    metrics: Arc<VcpuMetrics>,
+) -> Result<Net, VirtioError> {
     // TUNSETIFF would create a tap of that name, unconnected and gone at
     // exit, where a name is mistyped: lwpvmm only opens existing taps.
     if nix::net::if_::if_nametoindex(tap).is_err() {
@@ -101,7 +107,7 @@ fn open_net(tap: &str, mac: [u8; 6], metrics: Arc<VcpuMetrics>) -> Result<Net, V
         tap: tap.to_owned(),
         source,
     })?;
-    Ok(Net::new(Box::new(iface), tap.to_owned(), mac, metrics))
+    Ok(Net::new(Box::new(iface), tap.to_owned(), id, mac, metrics))
 }
 
 /// The default MAC of the `index`th device.
@@ -135,7 +141,10 @@ impl VirtioBus {
         for (i, n) in nets.iter().enumerate() {
             let mac = n.mac.unwrap_or_else(|| default_mac(disks.len() + i));
             let m = Arc::<VcpuMetrics>::default();
-            devices.push((Box::new(open_net(&n.tap, mac, Arc::clone(&m))?), m));
+            devices.push((
+                Box::new(open_net(&n.tap, n.id.clone(), mac, Arc::clone(&m))?),
+                m,
+            ));
         }
         if let Some(v) = vsock {
             let m = Arc::<VcpuMetrics>::default();
@@ -151,16 +160,21 @@ impl VirtioBus {
     }
 
     /// Re-opens the devices of a snapshot, checks each against what it was
-    /// (the image's length and mode, the tap's name), and restores their
-    /// registers and queues.
+    /// (the image's length and mode), and restores their registers and
+    /// queues; a tap or the vsock socket comes from `overrides` where it
+    /// names one, and the device's spec says so from then on (a snapshot of
+    /// the clone records its own).
     pub fn restore(
         vm: &VmFd,
         saved: &[DeviceSnapshot],
         mem: &GuestMemory,
+        overrides: &DeviceOverrides,
     ) -> Result<Self, VirtioError> {
         if saved.len() > MAX_DEVICES {
             return Err(VirtioError::TooMany(saved.len()));
         }
+        let specs: Vec<DeviceSpec> = saved.iter().map(|s| s.spec.clone()).collect();
+        overrides.check(&specs)?;
         let mut bus = VirtioBus::default();
         for s in saved {
             let metrics = Arc::<VcpuMetrics>::default();
@@ -183,15 +197,21 @@ impl VirtioBus {
                     }
                     Box::new(disk)
                 }
-                DeviceSpec::Net { tap, mac } => {
-                    Box::new(open_net(tap, *mac, Arc::clone(&metrics))?)
-                }
+                DeviceSpec::Net { tap, mac, id } => Box::new(open_net(
+                    overrides.tap(id.as_deref(), tap),
+                    id.clone(),
+                    *mac,
+                    Arc::clone(&metrics),
+                )?),
                 // Connections do not survive: the guest gets a transport
                 // reset, and the socket is bound anew.
                 DeviceSpec::Vsock { cid, uds_path } => Box::new(Vsock::restored(
                     &VsockConfig {
                         cid: *cid,
-                        uds_path: uds_path.clone(),
+                        uds_path: overrides
+                            .vsock_uds_path
+                            .clone()
+                            .unwrap_or_else(|| uds_path.clone()),
                     },
                     Arc::clone(&metrics),
                 )?),
@@ -450,12 +470,14 @@ mod tests {
         let saved = bus.snapshot().unwrap();
         let other = kvm.create_vm().unwrap();
         other.create_irq_chip().unwrap();
-        let back = VirtioBus::restore(&other, &saved, &mem).unwrap();
+        let back = VirtioBus::restore(&other, &saved, &mem, &Default::default()).unwrap();
         assert_eq!(back.snapshot().unwrap(), saved);
         std::fs::write(&a, vec![0u8; 8192]).unwrap();
         let third = kvm.create_vm().unwrap();
         third.create_irq_chip().unwrap();
-        let err = VirtioBus::restore(&third, &saved, &mem).err().unwrap();
+        let err = VirtioBus::restore(&third, &saved, &mem, &Default::default())
+            .err()
+            .unwrap();
         assert!(err.to_string().contains("was 4096 bytes"), "{err}");
         assert!(err.to_string().contains("8192 now"), "{err}");
         let many = vec![disks[0].clone(); MAX_DEVICES + 1];

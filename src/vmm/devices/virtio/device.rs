@@ -33,11 +33,62 @@ pub struct DiskConfig {
 /// A network device to attach (`--net tap=NAME[,mac=MAC]`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NetConfig {
+    /// The front end's name for the interface (Firecracker's `iface_id`),
+    /// which a snapshot keeps so that a load can give it another tap.
+    pub id: Option<String>,
     /// The host tap's name.
     pub tap: String,
     /// The guest's MAC; without one, 02:4c:57:50:00:NN (locally administered,
     /// NN the device's index).
     pub mac: Option<[u8; 6]>,
+}
+
+/// What a restore changes of a snapshot's devices, so that many clones of
+/// one snapshot run side by side (Firecracker's `network_overrides` and
+/// `vsock_override`): each gets taps and a vsock socket of its own.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeviceOverrides {
+    /// (interface id, the tap it opens instead of the snapshot's).
+    pub taps: Vec<(String, String)>,
+    /// The socket the vsock device binds instead of the snapshot's.
+    pub vsock_uds_path: Option<PathBuf>,
+}
+
+impl DeviceOverrides {
+    /// Checks every override against the snapshot's devices `saved`: each
+    /// interface is one of them, and a vsock override has a vsock device.
+    pub fn check(&self, saved: &[DeviceSpec]) -> Result<(), VirtioError> {
+        let ids: Vec<&str> = saved
+            .iter()
+            .filter_map(|s| match s {
+                DeviceSpec::Net { id: Some(id), .. } => Some(id.as_str()),
+                _ => None,
+            })
+            .collect();
+        if let Some((iface_id, _)) = self.taps.iter().find(|(i, _)| !ids.contains(&i.as_str())) {
+            return Err(VirtioError::NoSuchInterface {
+                iface_id: iface_id.clone(),
+                known: if ids.is_empty() {
+                    "none".into()
+                } else {
+                    ids.join(", ")
+                },
+            });
+        }
+        let has_vsock = saved.iter().any(|s| matches!(s, DeviceSpec::Vsock { .. }));
+        if self.vsock_uds_path.is_some() && !has_vsock {
+            return Err(VirtioError::NoVsockToOverride);
+        }
+        Ok(())
+    }
+
+    /// The tap the interface `id` opens: its override's, else `saved`.
+    pub fn tap<'a>(&'a self, id: Option<&str>, saved: &'a str) -> &'a str {
+        self.taps
+            .iter()
+            .find(|(i, _)| Some(i.as_str()) == id)
+            .map_or(saved, |(_, tap)| tap.as_str())
+    }
 }
 
 /// What a device was built from: what a snapshot records and a restore
@@ -59,6 +110,9 @@ pub enum DeviceSpec {
         tap: String,
         /// The guest's MAC.
         mac: [u8; 6],
+        /// [`NetConfig::id`] (absent from snapshots of older lwpvmm).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<String>,
     },
     /// A vsock device.
     Vsock {
@@ -140,6 +194,19 @@ pub enum VirtioError {
     /// A snapshot's device state does not fit.
     #[error("the snapshot's devices: {0}")]
     Snapshot(String),
+    /// A load's override names a network interface the snapshot lacks.
+    #[error(
+        "network_overrides names the interface `{iface_id}`, which the snapshot has not (its interfaces: {known}); give the iface_id of a network interface the snapshotted VM had"
+    )]
+    NoSuchInterface {
+        /// The override's interface.
+        iface_id: String,
+        /// The snapshot's interfaces, comma-separated (or "none").
+        known: String,
+    },
+    /// A load's vsock override for a snapshot without a vsock device.
+    #[error("vsock_override given, but the snapshot has no vsock device to bind it")]
+    NoVsockToOverride,
     /// The vsock device's socket could not be made.
     #[error("vsock: {0}")]
     Vsock(#[from] super::vsock::muxer::MuxerError),
@@ -149,4 +216,83 @@ pub enum VirtioError {
     /// The device thread panicked.
     #[error("the virtio devices thread panicked")]
     Panicked,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overrides_name_the_snapshots_devices() {
+        let net = |id: Option<&str>, tap: &str| DeviceSpec::Net {
+            tap: tap.into(),
+            mac: [2, 0, 0, 0, 0, 1],
+            id: id.map(Into::into),
+        };
+        let vsock = DeviceSpec::Vsock {
+            cid: 3,
+            uds_path: "/tmp/v.sock".into(),
+        };
+        let saved = [net(Some("eth0"), "tap0"), net(None, "tap1"), vsock];
+        let taps = |t: &[(&str, &str)]| {
+            t.iter()
+                .map(|(i, n)| ((*i).to_owned(), (*n).to_owned()))
+                .collect::<Vec<_>>()
+        };
+        // (what, overrides, devices, error)
+        let table: [(&str, DeviceOverrides, &[DeviceSpec], Option<&str>); 5] = [
+            ("none", DeviceOverrides::default(), &saved, None),
+            (
+                "an interface and the socket",
+                DeviceOverrides {
+                    taps: taps(&[("eth0", "clone1")]),
+                    vsock_uds_path: Some("/tmp/c.sock".into()),
+                },
+                &saved,
+                None,
+            ),
+            (
+                "an interface the snapshot lacks",
+                DeviceOverrides {
+                    taps: taps(&[("eth1", "clone1")]),
+                    vsock_uds_path: None,
+                },
+                &saved,
+                Some("`eth1`, which the snapshot has not (its interfaces: eth0)"),
+            ),
+            (
+                "a snapshot without interface ids",
+                DeviceOverrides {
+                    taps: taps(&[("eth0", "clone1")]),
+                    vsock_uds_path: None,
+                },
+                &saved[1..2],
+                Some("(its interfaces: none)"),
+            ),
+            (
+                "a socket without a vsock device",
+                DeviceOverrides {
+                    taps: Vec::new(),
+                    vsock_uds_path: Some("/tmp/c.sock".into()),
+                },
+                &saved[..2],
+                Some("no vsock device"),
+            ),
+        ];
+        for (what, overrides, devices, error) in table {
+            let got = overrides.check(devices).err().map(|e| e.to_string());
+            match (got, error) {
+                (None, None) => {}
+                (Some(got), Some(want)) => assert!(got.contains(want), "{what}: {got}"),
+                (got, want) => panic!("{what}: {got:?}, want {want:?}"),
+            }
+        }
+        let o = DeviceOverrides {
+            taps: taps(&[("eth0", "clone1")]),
+            vsock_uds_path: None,
+        };
+        assert_eq!(o.tap(Some("eth0"), "tap0"), "clone1");
+        assert_eq!(o.tap(None, "tap1"), "tap1");
+        assert_eq!(o.tap(Some("eth9"), "tap2"), "tap2");
+    }
 }

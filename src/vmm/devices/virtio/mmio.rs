@@ -624,6 +624,7 @@ mod tests {
             DeviceSpec::Net {
                 tap: "dummy".into(),
                 mac: [0; 6],
+                id: None,
             }
         }
     }

@@ -27,5 +27,6 @@ pub mod worker;
 
 pub use bus::{DeviceSnapshot, Slot, VirtioBus};
 pub use device::{
-    DeviceError, DeviceSpec, DiskConfig, MAX_DEVICES, MMIO_BASE, NetConfig, VirtioError, WINDOW,
+    DeviceError, DeviceOverrides, DeviceSpec, DiskConfig, MAX_DEVICES, MMIO_BASE, NetConfig,
+    VirtioError, WINDOW,
 };

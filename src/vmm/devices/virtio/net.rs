@@ -73,6 +73,7 @@ pub fn open_tap(name: &str) -> io::Result<tun_tap::Iface> {
 pub struct Net {
     tap: Box<dyn Tap>,
     name: String,
+    id: Option<String>,
     mac: [u8; 6],
     metrics: Arc<VcpuMetrics>,
     frame: Vec<u8>,
@@ -80,11 +81,19 @@ pub struct Net {
 }
 
 impl Net {
-    /// A device on `tap` (called `name`) with the guest MAC `mac`.
-    pub fn new(tap: Box<dyn Tap>, name: String, mac: [u8; 6], metrics: Arc<VcpuMetrics>) -> Self {
+    /// A device on `tap` (called `name`) with the guest MAC `mac`; `id` is
+    /// the front end's name for it ([`super::device::NetConfig::id`]).
+    pub fn new(
+        tap: Box<dyn Tap>,
+        name: String,
+        id: Option<String>,
+        mac: [u8; 6],
+        metrics: Arc<VcpuMetrics>,
+    ) -> Self {
         Net {
             tap,
             name,
+            id,
             mac,
             metrics,
             frame: vec![0; NET_HDR + MAX_FRAME],
@@ -250,6 +259,7 @@ impl VirtioDevice for Net {
         DeviceSpec::Net {
             tap: self.name.clone(),
             mac: self.mac,
+            id: self.id.clone(),
         }
     }
 }
@@ -312,6 +322,7 @@ mod tests {
         let net = Net::new(
             Box::new(tap),
             "tap0".into(),
+            None,
             [2, 0, 0, 0, 0, 1],
             Arc::new(VcpuMetrics::default()),
         );
