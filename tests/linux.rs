@@ -711,6 +711,62 @@ fn a_whole_guest_profile_names_the_kernel_and_the_process() {
         (35.0..=65.0).contains(&share),
         "the reading process had {share:.0}% of the two processes' time ({kernel} ns against {user} ns), not half"
     );
+    // Who ran: the module reports every exec's mappings and process, LWP
+    // on or off, so the samples carry pprof's process labels...
+    let process_of = |sample: &lwpvmm::profile::pprof::Sample| {
+        sample
+            .label
+            .iter()
+            .find(|l| s(l.key) == "process")
+            .map(|l| s(l.str).to_owned())
+    };
+    // (The exec's own kernel work in the new address space comes before
+    // the report, which runs on its return to user mode.)
+    let user_names: std::collections::BTreeSet<_> = p
+        .sample
+        .iter()
+        .filter(|x| {
+            x.location_id
+                .first()
+                .is_some_and(|&l| function(l) == "spin_user")
+        })
+        .map(process_of)
+        .collect();
+    assert_eq!(
+        user_names,
+        [Some("spin-user".to_owned())].into(),
+        "spin_user's samples are the process spin-user's"
+    );
+    // ... and the guest's own files name its frames (the initramfs as the
+    // sysroot, no --symbols), each stack under its process's root frame.
+    let by_files = work.join("files.folded");
+    let named = output_within(
+        common::command()
+            .args(["report", "--kernel", "--top", "100000", "--kernel-symbols"])
+            .arg(dir.join("vmlinux"))
+            .arg("--sysroot")
+            .arg(dir.join("initramfs.cpio"))
+            .arg("--folded")
+            .arg(&by_files)
+            .arg(&trace),
+        RUN_LIMIT,
+    );
+    assert!(named.status.success(), "{named:?}");
+    let table = String::from_utf8_lossy(&named.stdout);
+    assert!(table.contains("spin_user"), "{table}");
+    let stacks = std::fs::read_to_string(&by_files).expect("folded stacks");
+    for (process, function) in [
+        ("spin-user[", ";spin_user "),
+        ("spin-kernel[", "read_zeros;"),
+    ] {
+        assert!(
+            stacks
+                .lines()
+                .any(|l| l.starts_with(process) && l.contains(function)),
+            "no stack of {function} under its process {process}..]:\n{}",
+            stacks.lines().take(20).collect::<Vec<_>>().join("\n")
+        );
+    }
     let _ = std::fs::remove_dir_all(&work);
 }
 

@@ -146,6 +146,9 @@ pub fn report(out: &mut dyn Write, args: &ReportArgs) -> Result<u8, CliError> {
         .then_some(GUEST_CPU)
         .or(args.event)
         .or_else(|| tally.default_event());
+    if let Some(note) = tally.unreported_user_note(event) {
+        log::warn!("{note}");
+    }
     let rows = tally.rows(&resolver, event);
     writeln!(
         out,

@@ -42,6 +42,7 @@ fn line_bytes(line: &MappingLine) -> usize {
         + std::mem::size_of::<Arc<MappingLine>>()
         + line.path.len()
         + line.build_id.len()
+        + line.process.as_ref().map_or(0, |p| p.name.len())
 }
 
 /// The executable mappings of every address space, as the guest last
@@ -310,6 +311,7 @@ mod tests {
             path: path.into(),
             build_id: String::new(),
             first,
+            process: None,
         }
     }
 

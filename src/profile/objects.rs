@@ -11,7 +11,7 @@ use std::sync::Arc;
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
 
 use super::sysroot::{FileId, Refusal, Sysroot, normal};
-use super::trace::MappingLine;
+use super::trace::{MappingLine, Process};
 use crate::hostfs::HostFsError;
 
 /// Function symbols of a guest ELF, sorted by address, and which of them
@@ -337,6 +337,8 @@ pub struct Resolver {
     sysroot: Option<Arc<Sysroot>>,
     /// Per address space: its mappings and their objects.
     spaces: HashMap<u64, Vec<(MappingLine, u32)>>,
+    /// Per address space: the process its mappings last said ran in it.
+    processes: HashMap<u64, Process>,
     by_path: HashMap<String, u32>,
     by_id: HashMap<FileId, u32>,
     /// Bytes of guest files read.
@@ -442,8 +444,17 @@ impl Resolver {
         let space = self.spaces.entry(m.cr3).or_default();
         if m.first {
             space.clear();
+            self.processes.remove(&m.cr3);
         }
         space.push((m.clone(), object));
+        if let Some(p) = &m.process {
+            self.processes.insert(m.cr3, p.clone());
+        }
+    }
+
+    /// The process the guest last said ran in address space `cr3`.
+    pub fn process(&self, cr3: u64) -> Option<&Process> {
+        self.processes.get(&cr3)
     }
 
     /// The object of the guest file `path`, loaded once: every spelling
@@ -593,6 +604,7 @@ pub(crate) fn mapping(cr3: u64, start: u64, path: &str, first: bool) -> MappingL
         path: path.into(),
         build_id: String::new(),
         first,
+        process: None,
     }
 }
 

@@ -109,9 +109,12 @@ pub struct Label {
     /// The key (string index).
     #[prost(int64, tag = "1")]
     pub key: i64,
-    /// A string value (string index).
+    /// A string value (string index; 0 for a number).
     #[prost(int64, tag = "2")]
     pub str: i64,
+    /// A numeric value (with `str` 0).
+    #[prost(int64, tag = "3")]
+    pub num: i64,
 }
 
 /// profile.proto's `Mapping`.
@@ -354,6 +357,8 @@ pub fn profile(tally: &Tally, resolver: &Resolver, timing: Timing, source: &str)
         });
     }
     let cr3_key = b.string("cr3");
+    let pid_key = b.string("pid");
+    let process_key = b.string("process");
     for c in tally.stacks(None) {
         // A return address is located by the call before it, as pprof's
         // own profiles do for every frame but the innermost.
@@ -390,13 +395,30 @@ pub fn profile(tally: &Tally, resolver: &Resolver, timing: Timing, source: &str)
             };
         }
         let space = b.string(&format!("{:#x}", c.cr3));
+        let mut label = vec![Label {
+            key: cr3_key,
+            str: space,
+            num: 0,
+        }];
+        // Who ran, as pprof's own labels name it: `-tagfocus process=NAME`
+        // and `-tagroot pid,process` work.
+        if let Some(p) = c.process {
+            let name = b.string(&p.name);
+            label.push(Label {
+                key: pid_key,
+                str: 0,
+                num: i64::from(p.pid),
+            });
+            label.push(Label {
+                key: process_key,
+                str: name,
+                num: 0,
+            });
+        }
         b.profile.sample.push(Sample {
             location_id,
             value,
-            label: vec![Label {
-                key: cr3_key,
-                str: space,
-            }],
+            label,
         });
     }
     let what = if whole_guest {
@@ -406,6 +428,10 @@ pub fn profile(tally: &Tally, resolver: &Resolver, timing: Timing, source: &str)
     };
     let comment = b.string(&format!("lwpvmm: {what} from {source}"));
     b.profile.comment.push(comment);
+    if let Some(note) = tally.unreported_user_note(None) {
+        let note = b.string(&note);
+        b.profile.comment.push(note);
+    }
     if let Some(slot) = cpu_slot
         && let Some(note) = cap_cpu_time(&mut b.profile.sample, slot, &timing)
     {
@@ -499,6 +525,10 @@ mod tests {
             path: "/demo".into(),
             build_id: "abcd".into(),
             first: true,
+            process: Some(crate::profile::trace::Process {
+                pid: 42,
+                name: "demo".into(),
+            }),
         });
         let mut tally = Tally::default();
         for r in [
@@ -556,9 +586,19 @@ mod tests {
             caller.address, 0x10_9998,
             "a return address is located at its call"
         );
+        // The address space, and the process the guest named for it.
+        let labels: Vec<(&str, &str, i64)> = clocks
+            .label
+            .iter()
+            .map(|l| (s(l.key), s(l.str), l.num))
+            .collect();
         assert_eq!(
-            (s(clocks.label[0].key), s(clocks.label[0].str)),
-            ("cr3", "0x1000")
+            labels,
+            [
+                ("cr3", "0x1000", 0),
+                ("pid", "", 42),
+                ("process", "demo", 0)
+            ]
         );
         assert_eq!(
             (s(p.mapping[0].filename), s(p.mapping[0].build_id)),

@@ -11,7 +11,7 @@ use std::io::{self, Write};
 use thiserror::Error;
 
 use super::objects::{Frame, Resolver};
-use super::trace::{GUEST_CPU, TraceRecord};
+use super::trace::{GUEST_CPU, Process, TraceRecord};
 use crate::lwp::record::EventId;
 
 /// Why a report cannot be made.
@@ -44,10 +44,16 @@ pub struct Row {
 /// not with the trace.
 #[derive(Debug, Default)]
 pub struct Tally {
-    /// EventId -> (CR3, stack: the record's frame, then its callers,
-    /// innermost first) -> records.
-    counts: BTreeMap<u8, BTreeMap<(u64, Vec<Frame>), u64>>,
+    /// EventId -> stack -> records.
+    counts: BTreeMap<u8, BTreeMap<StackKey, u64>>,
+    /// The processes the records ran in, each once.
+    processes: Vec<Process>,
 }
+
+/// What one count is of: the CR3, the process that ran in it (an index
+/// into [`Tally`]'s processes), and the stack (the record's frame, then its
+/// callers, innermost first).
+type StackKey = (u64, Option<usize>, Vec<Frame>);
 
 /// One counted stack.
 #[derive(Debug, Clone, Copy)]
@@ -56,6 +62,8 @@ pub struct Counted<'a> {
     pub event: u8,
     /// The address space it was stored in.
     pub cr3: u64,
+    /// The process that ran in it then, when the guest said.
+    pub process: Option<&'a Process>,
     /// The record's frame, then its callers.
     pub frames: &'a [Frame],
     /// How many records.
@@ -87,12 +95,23 @@ impl Tally {
             .chain(caller)
             .chain(record.stack.iter().map(|&a| resolver.frame(record.cr3, a)))
             .collect();
+        // The process as the trace stands at this record: a CR3 reused by a
+        // later process names that one only from its report on.
+        let process = resolver.process(record.cr3).map(|p| {
+            match self.processes.iter().position(|known| known == p) {
+                Some(i) => i,
+                None => {
+                    self.processes.push(p.clone());
+                    self.processes.len() - 1
+                }
+            }
+        });
         // A trace is outside input: its weights add without overflowing.
         let count = self
             .counts
             .entry(record.event)
             .or_default()
-            .entry((record.cr3, stack))
+            .entry((record.cr3, process, stack))
             .or_default();
         *count = count.saturating_add(n);
     }
@@ -102,13 +121,16 @@ impl Tally {
         self.counts
             .iter()
             .filter(move |(e, _)| event.is_none_or(|want| **e == want))
-            .flat_map(|(&event, stacks)| {
-                stacks.iter().map(move |((cr3, frames), &count)| Counted {
-                    event,
-                    cr3: *cr3,
-                    frames,
-                    count,
-                })
+            .flat_map(move |(&event, stacks)| {
+                stacks
+                    .iter()
+                    .map(move |((cr3, process, frames), &count)| Counted {
+                        event,
+                        cr3: *cr3,
+                        process: process.map(|i| &self.processes[i]),
+                        frames,
+                        count,
+                    })
             })
     }
 
@@ -131,11 +153,39 @@ impl Tally {
         self.counts
             .values()
             .flat_map(BTreeMap::keys)
-            .any(|(_, frames)| {
+            .any(|(_, _, frames)| {
                 frames
                     .iter()
                     .any(|f| f.object == Frame::RAW && Resolver::is_kernel(f.address))
             })
+    }
+
+    /// Records of `event` (or all) whose innermost frame is a user address
+    /// no object covers: code outside every mapping the guest reported for
+    /// its address space (a guest without the module, a process that ran
+    /// before the module loaded, or code mapped after the report: a
+    /// program's exec is reported, libraries its loader maps later are not
+    /// until its first LWP instruction). Their frames stay addresses.
+    pub fn unreported_user(&self, event: Option<u8>) -> u64 {
+        self.stacks(event)
+            .filter(|c| {
+                c.frames
+                    .first()
+                    .is_some_and(|f| f.object == Frame::RAW && !Resolver::is_kernel(f.address))
+            })
+            .map(|c| c.count)
+            .fold(0, u64::saturating_add)
+    }
+
+    /// What [`Self::unreported_user`] means for a reader, when there are
+    /// any: the sentence a report prints and a profile carries.
+    pub fn unreported_user_note(&self, event: Option<u8>) -> Option<String> {
+        match self.unreported_user(event) {
+            0 => None,
+            n => Some(format!(
+                "{n} records are in user code outside every executable mapping the guest reported, so their frames are addresses: the guest module reports each process's mappings after its exec (and again at its first LWP instruction); a guest without the module, a process started before it loaded, or a library mapped after the report is not named"
+            )),
+        }
     }
 
     /// Records of `event` (or all) per function, most first; ties by name.
@@ -216,16 +266,23 @@ pub fn print_table(
 }
 
 /// Folded stacks, outermost frame first: `caller;...;function count` per
-/// line, one line per distinct stack, sorted.
+/// line, one line per distinct stack, sorted. A stack of a process the
+/// guest named starts with it (`name[pid]`), so a flame graph's roots say
+/// who ran.
 pub fn folded(tally: &Tally, resolver: &Resolver, event: Option<u8>) -> Vec<String> {
     let mut lines: BTreeMap<String, u64> = BTreeMap::new();
     for c in tally.stacks(event) {
         let frames: Vec<String> = c
-            .frames
-            .iter()
-            .enumerate()
-            .rev()
-            .map(|(i, &f)| resolver.name(f, i > 0))
+            .process
+            .map(Process::to_string)
+            .into_iter()
+            .chain(
+                c.frames
+                    .iter()
+                    .enumerate()
+                    .rev()
+                    .map(|(i, &f)| resolver.name(f, i > 0)),
+            )
             .collect();
         *lines.entry(frames.join(";")).or_default() += c.count;
     }
@@ -244,6 +301,7 @@ pub fn flamegraph(folded: &[String], title: &str, out: impl Write) -> Result<(),
 mod tests {
     use super::*;
     use crate::profile::objects::Symbols;
+    use crate::profile::trace::MappingLine;
 
     fn rec(event: u8, ip: u64) -> TraceRecord {
         stacked(event, ip, &[])
@@ -302,5 +360,48 @@ mod tests {
         );
         let rows = tally.rows(&syms, Some(5));
         assert_eq!((rows[0].name.as_str(), rows[0].samples), ("leaf", 3));
+    }
+
+    #[test]
+    fn processes_root_their_stacks_as_the_trace_stood_at_each_record() {
+        use crate::profile::objects::mapping;
+        let mut r = Resolver::default();
+        let mut tally = Tally::default();
+        let named = |cr3, pid, name: &str| MappingLine {
+            process: Some(Process {
+                pid,
+                name: name.into(),
+            }),
+            ..mapping(cr3, 0x40_0000, "/x", true)
+        };
+        // (a mapping reported before the record, the record's CR3 and IP)
+        let steps = [
+            (None, 0x1000, 0x40_0010),
+            (Some(named(0x1000, 7, "sh")), 0x1000, 0x40_0010),
+            (None, 0x1000, 0x40_0010),
+            // The CR3 reused by another program: its name from its report.
+            (Some(named(0x1000, 9, "lwp-hot")), 0x1000, 0x40_0010),
+            // Outside every reported mapping.
+            (None, 0x2000, 0x40_0010),
+        ];
+        for (line, cr3, ip) in steps {
+            if let Some(line) = line {
+                r.mapping(&line);
+            }
+            tally.add(&TraceRecord::stacked(5, cr3, ip, &[]), &r);
+        }
+        // The file /x is not read (no sysroot): its frames are addresses,
+        // under their process.
+        assert_eq!(
+            folded(&tally, &r, Some(5)),
+            ["0x400010 2", "lwp-hot[9];0x400010 1", "sh[7];0x400010 2"]
+        );
+        // The first record (before any report) and the last.
+        assert_eq!(tally.unreported_user(Some(5)), 2);
+        let note = tally.unreported_user_note(Some(5)).unwrap();
+        assert!(
+            note.starts_with("2 records are in user code outside"),
+            "{note}"
+        );
     }
 }

@@ -179,6 +179,26 @@ pub struct MappingLine {
     /// are gone (a new program, or a reused CR3).
     #[serde(default)]
     pub first: bool,
+    /// The process the address space belongs to, when the guest said
+    /// (absent from the traces of older modules).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process: Option<Process>,
+}
+
+/// A guest process: who ran in an address space.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Process {
+    /// Its id (Linux's tgid).
+    pub pid: u32,
+    /// Its name (Linux's `comm`).
+    pub name: String,
+}
+
+impl std::fmt::Display for Process {
+    /// As `ps` shows it, `name[pid]`: a flame graph's root frame.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}[{}]", self.name, self.pid)
+    }
 }
 
 #[derive(Serialize, Deserialize)]

@@ -372,6 +372,8 @@ static void lwp_fault(struct lwp_task *st, struct pt_regs *regs,
 #define MAPPING_PATH_MAX	256
 #define BUILD_ID_MAX		20
 #define MAPPING_FIRST		1
+/* The mapping carries the process it belongs to (pid and comm follow). */
+#define MAPPING_PROCESS		2
 /* The executable mappings one report names at most, and the bytes of ELF
  * program headers and notes read to find a build ID. */
 #define MAPPINGS_MAX		64
@@ -382,10 +384,11 @@ struct exec_mapping {
 	u64 start, end, offset;
 	u32 build_id_len, flags;
 	u8 build_id[BUILD_ID_MAX];
-	u8 reserved[4];
+	u32 pid;
 	char path[MAPPING_PATH_MAX];
+	char comm[TASK_COMM_LEN];
 };
-static_assert(sizeof(struct exec_mapping) == 312);
+static_assert(sizeof(struct exec_mapping) == 328);
 
 struct mapping_report {
 	struct callback_head work;
@@ -478,8 +481,9 @@ static void file_build_id(struct file *file, struct mapping_report *r)
 }
 
 /* Tells lwpvmm which files the task's address space runs (state call 9),
- * before its first record: each executable file mapping with its path and
- * build ID, the first flagged so that lwpvmm forgets what an earlier
+ * after each exec and before its first LWP record: each executable file
+ * mapping with its path and build ID and the process (tgid and name) it
+ * belongs to, the first flagged so that lwpvmm forgets what an earlier
  * address space with the same CR3 ran. */
 static void lwp_report_mappings(struct callback_head *work)
 {
@@ -523,7 +527,9 @@ static void lwp_report_mappings(struct callback_head *work)
 			m->start = spans[i].start;
 			m->end = spans[i].end;
 			m->offset = spans[i].offset;
-			m->flags = sent == 0 ? MAPPING_FIRST : 0;
+			m->flags = (sent == 0 ? MAPPING_FIRST : 0) | MAPPING_PROCESS;
+			m->pid = task_tgid_nr(current);
+			get_task_comm(m->comm, current);
 			file_build_id(spans[i].file, r);
 			if (pv_call(OP_EXEC_MAPPING, m, 0).status == ST_OK)
 				sent++;
@@ -536,7 +542,8 @@ out:
 }
 
 /* Queues the report of a task's mappings for its return to user mode: the
- * #UD handler that found its first LWP instruction cannot sleep. */
+ * #UD handler that found its first LWP instruction cannot sleep, and an
+ * exec has mapped its new program only when it returns. */
 static void report_mappings_later(void)
 {
 	struct mapping_report *r;
@@ -620,12 +627,23 @@ static struct notifier_block lwp_die_nb = {
 	.notifier_call = lwp_die,
 };
 
+/* Whether LWP is offered to processes (the die notifier and the preempt
+ * notifiers are in place). */
+static bool lwp_offered;
+
 /* Tried before every other binary format on each exec, while the old
- * program's address space is still current: LWP off, the state gone. An
- * exec that then fails leaves the old program with LWP off. */
+ * program's address space is still current: LWP off, the state gone, and
+ * the new program's mappings reported when it first returns to user mode,
+ * so that a whole-guest profile names every process, whether it uses LWP
+ * or not. A script's exec comes back here for its interpreter, which
+ * reports instead. An exec that then fails leaves the old program with LWP
+ * off, and reports its mappings again. */
 static int lwp_exec(struct linux_binprm *bprm)
 {
-	lwp_task_drop();
+	if (lwp_offered)
+		lwp_task_drop();
+	if (bprm->buf[0] != '#' || bprm->buf[1] != '!')
+		report_mappings_later();
 	return -ENOEXEC;
 }
 
@@ -748,10 +766,14 @@ static int __init lwpvmm_init(void)
 	}
 	if ((features & need) != need || !boot_cpu_has(X86_FEATURE_LWP)) {
 		pr_info("LWP is not offered to processes (features %#x)\n", features);
+		/* Every exec's mappings still name the processes of a profile. */
+		if (features & FEAT_MAPPINGS)
+			insert_binfmt(&lwp_binfmt);
 		return 0;
 	}
 	lwp_cfg = cpuid_edx(LWP_LEAF) & LWP_CFG_ENABLES;
 	preempt_notifier_inc();
+	lwp_offered = true;
 	insert_binfmt(&lwp_binfmt);
 	ret = register_die_notifier(&lwp_die_nb);
 	if (ret)
@@ -769,6 +791,7 @@ undo_die:
 	unregister_die_notifier(&lwp_die_nb);
 undo_binfmt:
 	unregister_binfmt(&lwp_binfmt);
+	lwp_offered = false;
 	preempt_notifier_dec();
 	if (features & FEAT_POWER)
 		pm_power_off = old_power_off;

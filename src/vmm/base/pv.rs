@@ -239,6 +239,13 @@ pub const BUILD_ID_MAX: usize = 20;
 /// [`ExecMapping::flags`]: the first mapping of a report; the address
 /// space's earlier mappings are forgotten.
 pub const MAPPING_FIRST: u32 = 1 << 0;
+/// [`ExecMapping::flags`]: [`ExecMapping::pid`] is the process's, and a
+/// [`MappingProcess`] follows the mapping at RDI + 312. A module older than
+/// the bit sends neither, and its mappings name no process.
+pub const MAPPING_PROCESS: u32 = 1 << 1;
+/// The longest process name a [`MappingProcess`] holds, with its NUL
+/// (Linux's TASK_COMM_LEN).
+pub const PROCESS_NAME_MAX: usize = 16;
 
 /// An executable file mapping of an address space, as state-call
 /// operation 9 reads it at RDI (312 bytes).
@@ -253,12 +260,13 @@ pub struct ExecMapping {
     pub offset: u64,
     /// How many bytes of `build_id` are the file's build ID (0: none).
     pub build_id_len: u32,
-    /// [`MAPPING_FIRST`].
+    /// [`MAPPING_FIRST`], [`MAPPING_PROCESS`].
     pub flags: u32,
     /// The ELF build ID (NT_GNU_BUILD_ID).
     pub build_id: [u8; BUILD_ID_MAX],
-    /// Zero.
-    pub reserved: [u8; 4],
+    /// With [`MAPPING_PROCESS`], the process's id (Linux's tgid); else
+    /// zero.
+    pub pid: u32,
     /// The file's path in the guest, NUL-terminated.
     pub path: [u8; MAPPING_PATH_MAX],
 }
@@ -272,16 +280,44 @@ impl Default for ExecMapping {
             build_id_len: 0,
             flags: 0,
             build_id: [0; BUILD_ID_MAX],
-            reserved: [0; 4],
+            pid: 0,
             path: [0; MAPPING_PATH_MAX],
         }
     }
 }
 
-// SAFETY: ExecMapping is repr(C) with u64 fields first, then two u32s and
-// byte arrays whose sizes (20 + 4 + 256) keep the end 8-byte aligned, so it
-// has no padding, and every byte pattern is a valid value.
+// SAFETY: ExecMapping is repr(C) with u64 fields first, then two u32s, a
+// 20-byte array, a u32 (at offset 52, 4-aligned) and a 256-byte array, so
+// it has no padding (312 bytes, 8-byte aligned at its end), and every byte
+// pattern is a valid value.
 unsafe impl ByteValued for ExecMapping {}
+
+/// What follows an [`ExecMapping`] with [`MAPPING_PROCESS`]: the name of
+/// the process the mapping belongs to.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MappingProcess {
+    /// The process's name (Linux's `comm`), NUL-terminated unless it fills
+    /// the array.
+    pub name: [u8; PROCESS_NAME_MAX],
+}
+
+// SAFETY: MappingProcess is repr(C) and one byte array, so it has no
+// padding and every byte pattern is a valid value.
+unsafe impl ByteValued for MappingProcess {}
+
+impl MappingProcess {
+    /// The name, up to its first NUL, with bytes that are not UTF-8 (a
+    /// process names itself) replaced.
+    pub fn name(&self) -> String {
+        let end = self
+            .name
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(PROCESS_NAME_MAX);
+        String::from_utf8_lossy(&self.name[..end]).into_owned()
+    }
+}
 
 impl ExecMapping {
     /// Its path, up to the first NUL (`None` without one, or empty).

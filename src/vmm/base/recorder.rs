@@ -425,6 +425,7 @@ mod tests {
             path: "/lwp-hot".into(),
             build_id: String::new(),
             first: true,
+            process: None,
         };
         assert!(r.mapping(&line));
         let id = r.start_capture(CaptureOwner::Owner).unwrap();

@@ -95,7 +95,8 @@ pub fn build(
     features.set(PvFeatures::DB_DOORBELL, precise && shim);
     features.set(PvFeatures::REGS_CALLS, has_lwp && shim);
     features.set(PvFeatures::THRESHOLD_LINES, has_lwp && shim);
-    features.set(PvFeatures::EXEC_MAPPINGS, has_lwp && shim);
+    // Mappings name the processes of a whole-guest profile too, LWP or not.
+    features.set(PvFeatures::EXEC_MAPPINGS, shim);
     features.set(PvFeatures::RESTORE_RING_AT_STORE, has_lwp);
     table.push(CpuidEntry {
         leaf: LEAF_PV_BASE,
@@ -244,7 +245,10 @@ mod tests {
             let f = PvFeatures::from_bits_truncate(find(&t, LEAF_PV_INFO).ebx);
             assert_eq!(f.contains(PvFeatures::THRESHOLD_LINES), want.1 > 0);
             assert_eq!(f.contains(PvFeatures::REGS_CALLS), want.1 > 0);
-            assert_eq!(f.contains(PvFeatures::EXEC_MAPPINGS), want.1 > 0);
+            assert_eq!(
+                f.contains(PvFeatures::EXEC_MAPPINGS),
+                guest == GuestLwpSupport::Shim
+            );
             assert_eq!(
                 f.contains(PvFeatures::RESTORE_RING_AT_STORE),
                 profile != LwpProfile::Off

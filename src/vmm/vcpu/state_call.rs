@@ -22,10 +22,10 @@ use crate::guest_warn;
 use crate::lwp::fault::GuestFault;
 use crate::lwp::xsave::LwpXsaveArea;
 use crate::profile::objects::hex;
-use crate::profile::trace::MappingLine;
+use crate::profile::trace::{MappingLine, Process};
 use crate::vmm::base::pv::{
-    ExecMapping, LINE_CROSSINGS_IN_REPLY, LINE_ON, MAPPING_FIRST, REGS_FRAME_OFFSET, REGS_SIZE,
-    Reply, SavedRegs, StateOp, StateStatus, THRESHOLD_LINES,
+    ExecMapping, LINE_CROSSINGS_IN_REPLY, LINE_ON, MAPPING_FIRST, MAPPING_PROCESS, MappingProcess,
+    REGS_FRAME_OFFSET, REGS_SIZE, Reply, SavedRegs, StateOp, StateStatus, THRESHOLD_LINES,
 };
 use crate::vmm::vcpu::privilege;
 
@@ -137,10 +137,12 @@ fn state_call(cx: &mut ExitCx<'_>, op: u8, area_at: u64, rsi: u64) -> (StateStat
     if !privilege::is_kernel(&sregs) {
         return (StateStatus::BadCall, Detail::Nothing);
     }
-    if cx.lwp.unit().is_none() {
+    let op = StateOp::try_from(op);
+    // A mapping names a process for a whole-guest profile, LWP or not.
+    if cx.lwp.unit().is_none() && op != Ok(StateOp::ExecMapping) {
         return (StateStatus::NoLwp, Detail::Nothing);
     }
-    let (Ok(paging), Ok(op)) = (cx.vcpu.paging(&sregs), StateOp::try_from(op)) else {
+    let (Ok(paging), Ok(op)) = (cx.vcpu.paging(&sregs), op) else {
         return (StateStatus::BadCall, Detail::Nothing);
     };
     let mut view = GuestView::new(cx.mem, paging);
@@ -238,6 +240,22 @@ fn exec_mapping(cx: &mut ExitCx<'_>, view: &GuestView<'_>, cr3: u64, at: u64) ->
     let Some(path) = m.path().filter(|_| m.start < m.end) else {
         return StateStatus::BadCall;
     };
+    let process = if m.flags & MAPPING_PROCESS != 0 {
+        let mut p = MappingProcess::default();
+        let after = at.wrapping_add(std::mem::size_of::<ExecMapping>() as u64);
+        if view
+            .read(after, p.as_mut_slice(), Access::SupervisorRead)
+            .is_err()
+        {
+            return StateStatus::BadArea;
+        }
+        Some(Process {
+            pid: m.pid,
+            name: p.name(),
+        })
+    } else {
+        None
+    };
     let line = MappingLine {
         cr3: cr3 & CR3_ADDR,
         start: m.start,
@@ -246,6 +264,7 @@ fn exec_mapping(cx: &mut ExitCx<'_>, view: &GuestView<'_>, cr3: u64, at: u64) ->
         path,
         build_id: m.build_id().map(hex).unwrap_or_default(),
         first: m.flags & MAPPING_FIRST != 0,
+        process,
     };
     if !cx.recorder.mapping(&line) {
         cx.metrics.trace_errors.fetch_add(1, Ordering::Relaxed);
@@ -702,6 +721,52 @@ mod tests {
             r.vcpu.regs.rdi = rdi;
             lwp_state_call(&mut r.cx());
             assert_eq!(r.vcpu.regs.rax, status as u64, "{what}");
+        }
+    }
+
+    #[test]
+    fn a_mapping_names_its_process_lwp_on_or_off() {
+        use crate::profile::trace::TraceRecord;
+        use crate::vmm::base::recorder::{CaptureOwner, Recorder};
+        // (profile, flags, the process a capture names)
+        let table = [
+            (LwpProfile::Emulated, MAPPING_PROCESS, Some("lwp-hot[42]")),
+            (LwpProfile::Off, MAPPING_PROCESS, Some("lwp-hot[42]")),
+            // An older module's mapping: no process follows it.
+            (LwpProfile::Off, 0, None),
+        ];
+        for (profile, flags, want) in table {
+            let mut r = Rig::new(profile, None);
+            r.recorder = Recorder::new(None, true, 0);
+            let mut m = ExecMapping {
+                start: 0x40_0000,
+                end: 0x40_8000,
+                flags: MAPPING_FIRST | flags,
+                pid: 42,
+                ..ExecMapping::default()
+            };
+            m.path[..8].copy_from_slice(b"/lwp-hot");
+            r.mem.write_obj(m, GuestAddress(AREA)).unwrap();
+            let mut p = MappingProcess::default();
+            p.name[..7].copy_from_slice(b"lwp-hot");
+            let after = AREA + std::mem::size_of::<ExecMapping>() as u64;
+            r.mem.write_obj(p, GuestAddress(after)).unwrap();
+            let id = r.recorder.start_capture(CaptureOwner::Owner).unwrap();
+            r.vcpu.regs.rax = 9;
+            r.vcpu.regs.rdi = AREA;
+            lwp_state_call(&mut r.cx());
+            assert_eq!(r.vcpu.regs.rax, StateStatus::Ok as u64, "{profile}");
+            let cr3 = r.vcpu.sregs.cr3 & CR3_ADDR;
+            r.recorder
+                .records(&[TraceRecord::stacked(0, cr3, 0x40_1000, &[])]);
+            let mut resolver = crate::profile::objects::Resolver::new(None, None);
+            let tally = r.recorder.finish_capture(id).unwrap().tally(&mut resolver);
+            let top = tally.stacks(None).next().unwrap();
+            assert_eq!(
+                top.process.map(ToString::to_string).as_deref(),
+                want,
+                "{profile} {flags}"
+            );
         }
     }
 
