@@ -9,18 +9,17 @@
 //! their connections and captures apart from the owner's, so no TCP
 //! client can delay the owner's socket and no client holds the VM.
 
+mod conn;
 pub mod frontend;
 pub mod http;
 pub mod routes;
 
 use std::io;
-use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicU64;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -28,8 +27,9 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
 use thiserror::Error;
 
+use self::conn::{Conn, ConnStream, Interest, REFUSED, Service};
 use self::frontend::{Before, Frontend};
-use self::http::{Request, Response, parse_request};
+use self::http::{Request, Response};
 use self::routes::{Answer, Context, KernelSymbols, Origin, finish_profile, route};
 use crate::guest_warn;
 use crate::profile::objects::{KernelSymbolsError, read_kernel_symbols};
@@ -38,10 +38,6 @@ use crate::vmm::base::recorder::CaptureId;
 use crate::vmm::base::request::VmmHandle;
 use crate::vmm::base::seccomp::{self, SeccompMode, ThreadKind};
 use std::sync::Arc;
-
-/// Requests refused (malformed, oversized, another user's), for the
-/// rate-limited log lines.
-static REFUSED: AtomicU64 = AtomicU64::new(0);
 
 /// Why the API could not start.
 #[derive(Debug, Error)]
@@ -272,7 +268,7 @@ impl ApiListeners {
     }
 
     fn serve(&self, server: &mut Server, stopped: &UnixStream) {
-        let mut conns: Vec<Conn> = Vec::new();
+        let mut conns: Vec<Conn<Stream>> = Vec::new();
         // Once the VM ends: until when the answers still due may go out.
         let mut stopping: Option<Instant> = None;
         loop {
@@ -301,7 +297,11 @@ impl ApiListeners {
             }
             let listeners = fds.len();
             for c in &conns {
-                fds.push(PollFd::new(c.stream.as_fd(), c.interest()));
+                let interest = match c.interest() {
+                    Interest::Read => PollFlags::POLLIN,
+                    Interest::Write => PollFlags::POLLOUT,
+                };
+                fds.push(PollFd::new(c.stream.as_fd(), interest));
             }
             match poll(&mut fds, timeout) {
                 Ok(_) | Err(nix::errno::Errno::EINTR) => {}
@@ -344,7 +344,7 @@ impl ApiListeners {
                 let open = conns.iter().filter(|c| c.origin == Origin::Tcp).count();
                 match listener.accept() {
                     Ok((stream, _)) if open < MAX_TCP_CONNECTIONS => {
-                        conns.extend(Conn::new(Stream::Tcp(stream), Origin::Tcp));
+                        conns.extend(Stream::Tcp(stream).conn(Origin::Tcp));
                     }
                     Ok(_) => {
                         guest_warn!(
@@ -382,7 +382,11 @@ struct Server {
     max_body: usize,
 }
 
-impl Server {
+impl Service for Server {
+    fn max_body(&self) -> usize {
+        self.max_body
+    }
+
     fn route(&mut self, request: &Request, origin: Origin) -> Answer {
         match &mut self.phase {
             Phase::Before(frontend) => {
@@ -460,7 +464,7 @@ impl Server {
 }
 
 /// Accepts a client on the Unix socket; another user's is answered 403.
-fn accept_unix(listener: &UnixListener, owner: u32, open: usize) -> Option<Conn> {
+fn accept_unix(listener: &UnixListener, owner: u32, open: usize) -> Option<Conn<Stream>> {
     let stream = match listener.accept() {
         Ok((stream, _)) => stream,
         Err(e) => {
@@ -477,7 +481,7 @@ fn accept_unix(listener: &UnixListener, owner: u32, open: usize) -> Option<Conn>
     }
     match getsockopt(&stream, PeerCredentials) {
         Ok(peer) if peer.uid() == owner || peer.uid() == 0 => {
-            Conn::new(Stream::Unix(stream), Origin::Unix)
+            Stream::Unix(stream).conn(Origin::Unix)
         }
         Ok(peer) => {
             guest_warn!(
@@ -485,7 +489,7 @@ fn accept_unix(listener: &UnixListener, owner: u32, open: usize) -> Option<Conn>
                 "API: refused a client of uid {} (the socket is owner-only)",
                 peer.uid()
             );
-            let mut conn = Conn::new(Stream::Unix(stream), Origin::Unix)?;
+            let mut conn = Stream::Unix(stream).conn(Origin::Unix)?;
             conn.respond(
                 Response::fault(403, "the API serves only its owner"),
                 Instant::now(),
@@ -499,220 +503,12 @@ fn accept_unix(listener: &UnixListener, owner: u32, open: usize) -> Option<Conn>
     }
 }
 
-/// How long a client may take to send its whole request, from the moment
-/// it connected: a client that trickles bytes or sends none is closed then.
-const REQUEST_DEADLINE: Duration = Duration::from_secs(5);
-/// How long a client may take to take its answer.
-const WRITE_DEADLINE: Duration = Duration::from_secs(5);
-/// How long, and how many bytes, a connection is read after its answer
-/// (see [`State::Lingering`]).
-const LINGER: Duration = Duration::from_millis(500);
-const LINGER_BYTES: usize = 1 << 20;
 /// Connections open at once on each listener; past it a new client is
 /// closed at once. Apart, so that TCP clients never hold the owner's.
 const MAX_TCP_CONNECTIONS: usize = 16;
 const MAX_UNIX_CONNECTIONS: usize = 16;
 /// After the VM ends, how long the answers still due may take to go out.
 const FINAL_FLUSH: Duration = Duration::from_secs(5);
-
-/// One client's connection and where it stands. Every state has a time
-/// limit, and every read and write is non-blocking: one client never
-/// holds another.
-struct Conn {
-    stream: Stream,
-    origin: Origin,
-    state: State,
-    /// When the current state ends the connection (a capture's client
-    /// waits for `due` instead).
-    deadline: Instant,
-}
-
-enum State {
-    /// Reading the request; what came so far.
-    Reading(Vec<u8>),
-    /// Waiting for the profile of a capture.
-    Waiting {
-        id: CaptureId,
-        due: Instant,
-        /// Bytes it sent after its request, ignored up to [`LINGER_BYTES`].
-        extra: usize,
-    },
-    /// Writing the answer.
-    Writing { out: Vec<u8>, at: usize },
-    /// Our side closed; reading what the client still sends (a refused
-    /// request's rest): closing with unread input would reset the
-    /// connection, and the client could lose the answer.
-    Lingering { left: usize },
-}
-
-/// What a non-blocking read or write came to.
-enum Io {
-    Done(usize),
-    Later,
-    Closed,
-}
-
-fn io_result(r: io::Result<usize>) -> Io {
-    match r {
-        Ok(0) => Io::Closed,
-        Ok(n) => Io::Done(n),
-        Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock) => Io::Later,
-        Err(e) if matches!(e.kind(), io::ErrorKind::Interrupted) => Io::Done(0),
-        Err(_) => Io::Closed,
-    }
-}
-
-impl Conn {
-    fn new(stream: Stream, origin: Origin) -> Option<Self> {
-        stream.set_nonblocking().ok()?;
-        Some(Conn {
-            stream,
-            origin,
-            state: State::Reading(Vec::new()),
-            deadline: Instant::now() + REQUEST_DEADLINE,
-        })
-    }
-
-    fn interest(&self) -> PollFlags {
-        match self.state {
-            State::Writing { .. } => PollFlags::POLLOUT,
-            _ => PollFlags::POLLIN,
-        }
-    }
-
-    fn wake_at(&self) -> Instant {
-        match self.state {
-            State::Waiting { due, .. } => due,
-            _ => self.deadline,
-        }
-    }
-
-    fn respond(&mut self, response: Response, now: Instant) {
-        self.state = State::Writing {
-            out: response.to_bytes(),
-            at: 0,
-        };
-        self.deadline = now + WRITE_DEADLINE;
-    }
-
-    /// Moves on with time; false when the connection is done.
-    fn tick(&mut self, now: Instant, server: &Server) -> bool {
-        match self.state {
-            State::Waiting { id, due, .. } => {
-                if now >= due {
-                    self.respond(server.finish_profile(id), now);
-                }
-                true
-            }
-            State::Reading(_) if now >= self.deadline => {
-                guest_warn!(
-                    REFUSED,
-                    "API: closed a client that did not send its request within {REQUEST_DEADLINE:?}"
-                );
-                false
-            }
-            _ => now < self.deadline,
-        }
-    }
-
-    /// The VM ended: a capture's client gets its profile, a request not
-    /// yet read is dropped; false when the connection is done.
-    fn finish(&mut self, now: Instant, server: &Server) -> bool {
-        match self.state {
-            State::Waiting { id, .. } => {
-                self.respond(server.finish_profile(id), now);
-                true
-            }
-            State::Reading(_) => false,
-            _ => true,
-        }
-    }
-
-    /// Moves on with what the stream is ready for; false when the
-    /// connection is done.
-    fn ready(&mut self, now: Instant, server: &mut Server) -> bool {
-        match &mut self.state {
-            State::Reading(buf) => {
-                let mut chunk = [0u8; 4096];
-                loop {
-                    match io_result(self.stream.read(&mut chunk)) {
-                        Io::Closed => return false,
-                        Io::Later => return true,
-                        Io::Done(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
-                    match parse_request(buf, server.max_body) {
-                        Ok(None) => {}
-                        Ok(Some(request)) => {
-                            match server.route(&request, self.origin) {
-                                Answer::Now(r) => self.respond(r, now),
-                                Answer::Profile { id, due } => {
-                                    self.state = State::Waiting { id, due, extra: 0 };
-                                }
-                            }
-                            return true;
-                        }
-                        Err(e) => {
-                            let Some(status) = e.status() else {
-                                return false;
-                            };
-                            guest_warn!(REFUSED, "API: refused a request: {e}");
-                            self.respond(Response::fault(status, &e.to_string()), now);
-                            return true;
-                        }
-                    }
-                }
-            }
-            State::Waiting { id, extra, .. } => {
-                let mut sink = [0u8; 512];
-                // A client that hangs up takes its capture with it; one
-                // that keeps sending while it waits is let go: it would
-                // keep the API reading.
-                let gone = match io_result(self.stream.read(&mut sink)) {
-                    Io::Closed => true,
-                    Io::Later => false,
-                    Io::Done(n) => {
-                        *extra += n;
-                        *extra > LINGER_BYTES
-                    }
-                };
-                if gone {
-                    server.drop_capture(*id);
-                }
-                !gone
-            }
-            State::Writing { out, at } => {
-                while *at < out.len() {
-                    match io_result(self.stream.write(&out[*at..])) {
-                        Io::Closed => return false,
-                        Io::Later => return true,
-                        Io::Done(n) => *at += n,
-                    }
-                }
-                if self.stream.finish_writing().is_err() {
-                    return false;
-                }
-                self.state = State::Lingering { left: LINGER_BYTES };
-                self.deadline = now + LINGER;
-                true
-            }
-            State::Lingering { left } => {
-                let mut sink = [0u8; 4096];
-                loop {
-                    match io_result(self.stream.read(&mut sink)) {
-                        Io::Closed => return false,
-                        Io::Later => return true,
-                        Io::Done(n) => {
-                            *left = left.saturating_sub(n);
-                            if *left == 0 {
-                                return false;
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
 
 fn bind_unix(path: &Path) -> Result<(UnixListener, SocketFile, u32), ApiError> {
     if path.symlink_metadata().is_ok() {
@@ -744,6 +540,13 @@ enum Stream {
 }
 
 impl Stream {
+    /// Its connection, accepted now; none when it cannot be made
+    /// non-blocking.
+    fn conn(self, origin: Origin) -> Option<Conn<Stream>> {
+        self.set_nonblocking().ok()?;
+        Some(Conn::new(self, origin, Instant::now()))
+    }
+
     /// By fcntl, not the ioctl std uses: the API thread makes no ioctl.
     fn set_nonblocking(&self) -> io::Result<()> {
         let fd = self.as_fd();
@@ -752,17 +555,19 @@ impl Stream {
         Ok(())
     }
 
-    fn finish_writing(&self) -> io::Result<()> {
-        match self {
-            Stream::Unix(s) => s.shutdown(std::net::Shutdown::Write),
-            Stream::Tcp(s) => s.shutdown(std::net::Shutdown::Write),
-        }
-    }
-
     fn as_fd(&self) -> BorrowedFd<'_> {
         match self {
             Stream::Unix(s) => s.as_fd(),
             Stream::Tcp(s) => s.as_fd(),
+        }
+    }
+}
+
+impl ConnStream for Stream {
+    fn finish_writing(&self) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.shutdown(std::net::Shutdown::Write),
+            Stream::Tcp(s) => s.shutdown(std::net::Shutdown::Write),
         }
     }
 }
