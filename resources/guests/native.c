@@ -11,7 +11,20 @@
  * then breaks the mode's first rule: it clears U in the boot page
  * directory entry that maps its own code (lwpvmm's identity map at
  * 0x9000: PML4, PDPT, then the first page directory at 0xb000), which in
- * native mode leaves KVM_RUN spinning at the next instruction. */
+ * native mode leaves KVM_RUN spinning at the next instruction.
+ * `isolation=1` asks whether a kernel can keep user mode out of its memory
+ * in native mode, where every page it touches must be U=1: it writes a
+ * secret at 4 MiB, reads it from user mode on its own page tables (which
+ * the native guest's user mode then reaches), and again on user page
+ * tables that map only the first 2 MiB (where this guest, its IDT, GDT and
+ * TSS and the entry code lie, as KPTI's entry area), entering user mode by
+ * SYSRETQ each time and taking the fault through its own IDT and TSS.
+ * `trampoline=1` asks whether an exception taken in user mode can return
+ * there with every register the user had, although the only way back is
+ * SYSRETQ, which overwrites RCX and R11: through a return trampoline in
+ * user memory (native.S, trampoline_probe). `halt=1` asks how HLT and the
+ * page's interrupt flag (byte 0) and pending byte (byte 1) work together
+ * with the LAPIC timer. */
 
 typedef unsigned char u8;
 typedef unsigned short u16;
@@ -33,6 +46,18 @@ u64 spin(u64 n);
 u64 user_spin(u64 n);
 u64 port_exits(u64 n);
 extern char syscall_entry[];
+struct iso_result {
+    u64 value, fault, cs;
+};
+void isolation_read(u64 cr3, u64 addr, struct iso_result *out);
+extern char iso_syscall[], iso_pf[];
+struct tramp_result {
+    u64 rcx, r11, rax, rsp_moved;
+};
+void trampoline_probe(struct tramp_result *out);
+extern char tramp_ud[], tramp_syscall[];
+extern char timer_entry[];
+extern volatile u64 timer_ticks;
 
 static void outb(u16 port, u8 v) { __asm__ volatile("outb %0, %1" : : "a"(v), "Nd"(port)); }
 
@@ -125,6 +150,193 @@ static void report(const char *what, u64 count, const char *unit, u64 cycles)
     puts(" cycles\n");
 }
 
+/* The probe's own descriptor tables: lwpvmm's boot GDT (0x08 code, 0x10
+ * data, 0x18 32-bit code) with the user segments SYSRET's STAR names and
+ * a TSS whose RSP0 is the stack a fault from user mode lands on; an IDT
+ * with #PF only. All in .bss, inside the first 2 MiB that both page
+ * tables map. */
+static u64 gdt[8] __attribute__((aligned(16)));
+static u64 idt[2 * 64] __attribute__((aligned(16)));
+static int tables_loaded;
+static u32 tss[26] __attribute__((aligned(16)));
+static u8 fault_stack[4096] __attribute__((aligned(16)));
+static u64 user_pml4[512] __attribute__((aligned(4096)));
+static u64 user_pdpt[512] __attribute__((aligned(4096)));
+static u64 user_pd[512] __attribute__((aligned(4096)));
+
+#define SECRET_AT 0x400000ULL
+#define SECRET 0x5ec2e75ec2e7ULL
+#define PTE_P_RW_U 0x7ULL
+#define PTE_PS 0x80ULL
+
+struct table_reg {
+    u16 limit;
+    u64 base;
+} __attribute__((packed));
+
+/* An interrupt gate of the kernel's code segment, DPL 0. */
+static void gate(u32 vector, u64 handler)
+{
+    idt[2 * vector] = (handler & 0xffff) | 0x08ULL << 16 | 0x8eULL << 40 |
+                      (handler >> 16 & 0xffff) << 48;
+    idt[2 * vector + 1] = handler >> 32;
+}
+
+static void descriptor_tables(void)
+{
+    gdt[1] = 0x00af9b000000ffffULL;
+    gdt[2] = 0x00cf93000000ffffULL;
+    gdt[3] = 0x00cf9b000000ffffULL;
+    gdt[4] = 0x00cff3000000ffffULL; /* 0x23: user data (SYSRET's SS) */
+    gdt[5] = 0x00affb000000ffffULL; /* 0x2b: user 64-bit code (SYSRET's CS) */
+    u64 base = (u64)tss;
+    gdt[6] = (sizeof(tss) - 1) | (base & 0xffffff) << 16 | 0x89ULL << 40 |
+             (base >> 24 & 0xff) << 56;
+    gdt[7] = base >> 32;
+    u64 rsp0 = (u64)(fault_stack + sizeof(fault_stack));
+    tss[1] = (u32)rsp0;
+    tss[2] = (u32)(rsp0 >> 32);
+    tss[25] = sizeof(tss) << 16; /* no I/O bitmap */
+    gate(14, (u64)iso_pf);
+    gate(6, (u64)tramp_ud);
+    gate(0x30, (u64)timer_entry);
+    struct table_reg g = {sizeof(gdt) - 1, (u64)gdt}, i = {sizeof(idt) - 1, (u64)idt};
+    __asm__ volatile("lgdt %0; lidt %1; ltr %w2" : : "m"(g), "m"(i), "r"(0x30) : "memory");
+}
+
+static void report_read(const char *tables, const struct iso_result *r)
+{
+    puts("native: a user read of 0x400000 on ");
+    puts(tables);
+    if (r->fault >> 63) {
+        puts(" faulted: #PF error 0x");
+        put_num(r->fault & 0xffff, 16);
+        puts(" at 0x");
+        put_num(r->value, 16);
+        puts(", cs 0x");
+        put_num(r->cs, 16);
+    } else {
+        puts(" read 0x");
+        put_num(r->value, 16);
+    }
+    puts("\n");
+}
+
+/* The probes' tables, STAR, FMASK and EFER.SCE, and LSTAR at `entry`. */
+static void probe_setup(void *entry)
+{
+    if (!tables_loaded) {
+        descriptor_tables();
+        tables_loaded = 1;
+    }
+    wrmsr(MSR_STAR, 0x0018ULL << 48 | 0x0008ULL << 32);
+    wrmsr(MSR_LSTAR, (u64)entry);
+    wrmsr(MSR_FMASK, 0x700);
+    wrmsr(MSR_EFER, rdmsr(MSR_EFER) | 1);
+}
+
+static void trampoline(void)
+{
+    probe_setup(tramp_syscall);
+    struct tramp_result r;
+    trampoline_probe(&r);
+    puts("native: after a user-mode #UD returned by SYSRETQ and the trampoline: rcx 0x");
+    put_num(r.rcx, 16);
+    puts(" r11 0x");
+    put_num(r.r11, 16);
+    puts(" rax 0x");
+    put_num(r.rax, 16);
+    puts(", rsp moved by ");
+    put_num(r.rsp_moved, 10);
+    puts("\n");
+}
+
+#define LAPIC 0xfee00000ULL
+#define TIMER_VECTOR 0x30
+
+static void lapic_write(u32 reg, u32 v)
+{
+    *(volatile u32 *)(LAPIC + reg) = v;
+}
+
+static u64 tsc(void)
+{
+    u32 lo, hi;
+    __asm__ volatile("rdtsc" : "=a"(lo), "=d"(hi));
+    return (u64)hi << 32 | lo;
+}
+
+static void halt_line(const char *what, u64 ticks, u64 pending, u64 cycles)
+{
+    puts("native: ");
+    puts(what);
+    puts(": ticks ");
+    put_num(ticks, 10);
+    puts(", pending byte ");
+    put_num(pending, 10);
+    puts(", ");
+    put_num(cycles, 10);
+    puts(" cycles\n");
+}
+
+/* HLT and the page's interrupt flag, with the LAPIC timer one-shot at
+ * vector 0x30 (about 1 ms at the TSC's rate on a divide-by-1 bus clock
+ * of at least 1 GHz). */
+static void halt_probe(void)
+{
+    volatile u8 *vif = (volatile u8 *)rdmsr(MSR_NATIVE);
+    if (!vif) {
+        puts("native: halt probe: not in native mode\n");
+        return;
+    }
+    probe_setup(iso_syscall);
+    lapic_write(0xf0, 0x1ff);
+    lapic_write(0x3e0, 0xb);
+    lapic_write(0x320, TIMER_VECTOR);
+    /* Interrupts on in the page: does HLT sleep until the tick? */
+    vif[0] = 1;
+    u64 t0 = tsc();
+    lapic_write(0x380, 1000000);
+    __asm__ volatile("hlt" ::: "memory");
+    halt_line("HLT with the page's IF on returned", timer_ticks, vif[1], tsc() - t0);
+    /* And is the tick delivered to code that makes no exit? */
+    while (!timer_ticks && tsc() - t0 < 8000000000ULL)
+        ;
+    halt_line("then, spinning, the tick came", timer_ticks, vif[1], tsc() - t0);
+    /* Interrupts off in the page: the tick stays pending. */
+    vif[0] = 0;
+    u64 before = timer_ticks;
+    t0 = tsc();
+    lapic_write(0x380, 100000);
+    while (!vif[1] && tsc() - t0 < 8000000000ULL)
+        ;
+    halt_line("with the page's IF off the tick", timer_ticks - before, vif[1], tsc() - t0);
+    /* IF back on, then one trapped instruction: delivered at it? */
+    vif[0] = 1;
+    t0 = tsc();
+    u64 cr0;
+    __asm__ volatile("mov %%cr0, %0" : "=r"(cr0) : : "memory");
+    halt_line("IF on again and one trapped MOV from CR0", timer_ticks - before, vif[1],
+              tsc() - t0);
+    vif[0] = 0;
+}
+
+static void isolation(void)
+{
+    *(volatile u64 *)SECRET_AT = SECRET;
+    probe_setup(iso_syscall);
+    u64 kernel_cr3;
+    __asm__ volatile("mov %%cr3, %0" : "=r"(kernel_cr3));
+    struct iso_result r;
+    isolation_read(kernel_cr3, SECRET_AT, &r);
+    report_read("the kernel's page tables", &r);
+    user_pml4[0] = (u64)user_pdpt | PTE_P_RW_U;
+    user_pdpt[0] = (u64)user_pd | PTE_P_RW_U;
+    user_pd[0] = 0 | PTE_PS | PTE_P_RW_U;
+    isolation_read((u64)user_pml4, SECRET_AT, &r);
+    report_read("user page tables", &r);
+}
+
 void native_main(const u8 *zero_page)
 {
     cmdline = (const char *)(u64) * (const u32 *)(zero_page + 0x228);
@@ -147,6 +359,12 @@ void native_main(const u8 *zero_page)
         __asm__ volatile("mov %%cr3, %0; mov %0, %%cr3" : "=r"(cr3) : : "memory");
         puts("native: still running\n");
     }
+    if (arg("isolation", 0))
+        isolation();
+    if (arg("trampoline", 0))
+        trampoline();
+    if (arg("halt", 0))
+        halt_probe();
     report("native: cpl0 loop ", n, " iterations in ", spin(n));
     if (arg("user", 0)) {
         /* SYSCALL to the kernel's 64-bit selectors (0x08, 0x10), SYSRET to
