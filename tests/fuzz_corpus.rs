@@ -43,7 +43,7 @@ fn snapshot_seeds_are_in_the_current_format() {
 /// `lzop`): a seed of every format decompresses to its ELF.
 #[test]
 fn payload_seeds_decompress_in_every_format() {
-    use lwpvmm::vmm::payload::{Format, decompress};
+    use lwpvmm::vmm::boot::payload::{Format, decompress};
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/payload");
     let mut formats = Vec::new();
     for entry in std::fs::read_dir(&dir).expect("fuzz/corpus/payload") {

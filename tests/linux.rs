@@ -777,7 +777,7 @@ fn a_whole_guest_profile_names_the_kernel_and_the_process() {
 /// build.sh) decompresses to the same ELF.
 #[test]
 fn a_bzimage_boots_from_its_payload_decompressed_on_the_host() {
-    use lwpvmm::vmm::payload::{self, Format};
+    use lwpvmm::vmm::boot::payload::{self, Format};
     require_kvm();
     let dir = linux();
     let read = |name: &str| std::fs::read(dir.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));

@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use lwpvmm::vmm::payload::{MAX_KERNEL_BYTES, decompress};
+use lwpvmm::vmm::boot::payload::{MAX_KERNEL_BYTES, decompress};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(kernel) = decompress(data) {

@@ -631,7 +631,7 @@ impl From<VmError> for CliError {
             }
             VmError::VcpuCount { .. } => "--vcpus",
             VmError::Boot(
-                BootError::MemorySize(_)
+                BootError::MemorySize { .. }
                 | BootError::KernelLoad(_)
                 | BootError::InitramfsTooLarge { .. },
             ) => "--memory",

@@ -18,7 +18,6 @@ pub mod error;
 pub mod machine;
 pub mod outcome;
 pub mod output;
-pub mod payload;
 pub mod snapshot;
 pub mod vcpu;
 #[allow(clippy::module_inception)]

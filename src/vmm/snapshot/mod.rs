@@ -246,32 +246,6 @@ impl VmKvmState {
     }
 }
 
-/// Guest RAM of `ranges` mapped private and copy-on-write from `file`, the
-/// ranges one after the other from its start: pages are read when first
-/// touched, and the guest's writes never reach the file.
-pub fn map_file(
-    ranges: &[(GuestAddress, usize)],
-    file: &std::fs::File,
-) -> Result<GuestMemory, std::io::Error> {
-    let mut regions = Vec::with_capacity(ranges.len());
-    let mut offset = 0u64;
-    for &(start, size) in ranges {
-        let region = vm_memory::MmapRegion::build(
-            Some(vm_memory::FileOffset::new(file.try_clone()?, offset)),
-            size,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_NORESERVE,
-        )
-        .map_err(|e| std::io::Error::other(e.to_string()))?;
-        regions.push(
-            vm_memory::GuestRegionMmap::new(region, start)
-                .ok_or_else(|| std::io::Error::other("a region overflows"))?,
-        );
-        offset += size as u64;
-    }
-    GuestMemory::from_regions(regions).map_err(|e| std::io::Error::other(e.to_string()))
-}
-
 /// Encodes a state file: header, then the JSON payload.
 pub fn encode(snapshot: &VmSnapshot) -> Result<Vec<u8>, SnapshotError> {
     let payload = serde_json::to_vec(snapshot)?;
@@ -826,7 +800,7 @@ mod tests {
         assert!(blocks <= 64 << 10, "one page of data takes {blocks} bytes");
         let map = || {
             let file = open_memory(&dir, &layout).unwrap();
-            map_file(&[(GuestAddress(0), 2 << 20)], &file).unwrap()
+            crate::vmm::boot::map_file(&[(GuestAddress(0), 2 << 20)], &file).unwrap()
         };
         let fresh = map();
         check_layout(&fresh, &layout).unwrap();
