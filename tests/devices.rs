@@ -2,8 +2,9 @@
 //! booted from `rootfs.ext4` leaves its result on the image (checked with
 //! e2fsck and debugfs), a snapshot taken while the guest writes a disk
 //! restores and the data it wrote checks out, a read-only disk refuses the
-//! guest's writes and stays byte-identical, and a guest on a tap answers TCP
-//! from the host.
+//! guest's writes and stays byte-identical, a guest on a tap answers TCP
+//! from the host, and the entropy device seeds the guest's CRNG before
+//! userspace.
 //!
 //! These tests need /dev/kvm, e2fsprogs, and for the network test the
 //! rights to create a network namespace and a tap (root); each fails with a
@@ -282,4 +283,57 @@ fn a_guest_on_a_tap_answers_tcp_from_the_host() {
         console.contains("lwp-net: listening on port 7777"),
         "{console}"
     );
+}
+
+/// The entropy device (`--entropy`, Firecracker's `PUT /entropy`): the
+/// guest's CRNG is seeded from it before userspace (the kernel's `random:
+/// crng init done` comes before `Run /init`), and its counters say what it
+/// gave. With
+/// `--entropy=64` the guest gets no more than the limit lets through: the
+/// bucket's 64 bytes and 64 a second for as long as the run took (its CRNG
+/// is then ready when the limit has let enough through, which may be after
+/// userspace starts).
+#[test]
+fn an_entropy_device_seeds_the_guests_crng_before_userspace() {
+    let dir = scratch("entropy");
+    let initramfs = linux().join("initramfs.cpio");
+    // (--entropy's argument, whether the limit is checked)
+    for (arg, limited) in [("--entropy", false), ("--entropy=64", true)] {
+        let metrics = dir.join("metrics.json");
+        let started = Instant::now();
+        let (out, console) = linux_with(
+            &[],
+            &[
+                "--initramfs",
+                path(&initramfs),
+                arg,
+                "--metrics",
+                path(&metrics),
+            ],
+        );
+        let took = started.elapsed();
+        assert_eq!(out.status.code(), Some(0), "{arg}: {console}");
+        assert!(
+            console.contains("lwp-linux-selftest: 22 passed, 0 failed"),
+            "{arg}: {console}"
+        );
+        let seeded = console.find("random: crng init done");
+        let userspace = console.find("Run /init as init process");
+        assert!(
+            limited || (seeded.is_some() && seeded < userspace),
+            "{arg}: the CRNG was not ready before userspace:\n{console}"
+        );
+        let doc: serde_json::Value =
+            serde_json::from_slice(&fs::read(&metrics).expect("the metrics")).expect("JSON");
+        let bytes = doc["vm"]["entropy_bytes"].as_u64().unwrap_or(0);
+        assert!(bytes > 0, "{arg}: {doc}");
+        assert_eq!(doc["vm"]["device_errors"].as_u64(), Some(0), "{doc}");
+        if limited {
+            let most = 64 + 64 * (took.as_secs() + 1);
+            assert!(
+                bytes <= most,
+                "{arg}: {bytes} bytes in {took:?}, more than the limit's {most}"
+            );
+        }
+    }
 }

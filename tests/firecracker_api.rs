@@ -711,9 +711,9 @@ fn before_rows(kernel: &str, image: &str) -> Vec<Row> {
             "PUT",
             "/entropy",
             "/entropy",
-            json!({}),
-            400,
-            "no virtio-rng",
+            json!({"rate_limiter": {"bandwidth": {"size": 4096, "refill_time": 1000}, "ops": {"size": 100, "one_time_burst": 10, "refill_time": 1000}}}),
+            204,
+            "",
         ),
         (
             "PUT",
@@ -858,6 +858,14 @@ fn before_rows(kernel: &str, image: &str) -> Vec<Row> {
             Value::Null,
             200,
             "\"io_engine\": \"Async\"",
+        ),
+        (
+            "GET",
+            "/vm/config",
+            "/vm/config",
+            Value::Null,
+            200,
+            "\"one_time_burst\": 10",
         ),
     ]
 }
@@ -1264,7 +1272,6 @@ fn the_config_file_format_is_firecrackers_full_vm_configuration() {
             json!({"network_interfaces": ["eth0"]}),
             "mmds-config is not offered",
         ),
-        ("entropy", json!({}), "entropy is not offered"),
         ("cpu-config", json!({}), "cpu-config is not offered"),
         ("pmem", json!([]), "pmem is not offered"),
         ("memory-hotplug", json!({}), "memory-hotplug is not offered"),

@@ -479,7 +479,7 @@ fn vsock_child() {
         uds_path: uds.clone(),
     };
     let first = vm(&kvm);
-    let bus = VirtioBus::create(&first, &[], &[], Some(&config)).unwrap();
+    let bus = VirtioBus::create(&first, &[], &[], Some(&config), None).unwrap();
     let mem = memory();
     let threads = DeviceThread::start(&bus, Arc::clone(&mem), SeccompMode::On)
         .unwrap()
@@ -717,7 +717,7 @@ fn devices_child() {
         tap: TAP.into(),
         mac: None,
     };
-    let bus = VirtioBus::create(&vm, &[disk], &[net], None).unwrap();
+    let bus = VirtioBus::create(&vm, &[disk], &[net], None, None).unwrap();
     let mem = memory();
     let threads = DeviceThread::start(&bus, Arc::clone(&mem), SeccompMode::On)
         .unwrap()

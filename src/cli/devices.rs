@@ -1,9 +1,12 @@
-//! The device options of `lwpvmm run`: `--disk PATH[,ro]` and
-//! `--net tap=NAME[,mac=MAC]`, parsed into the VMM's device configurations
-//! with messages that say what to write instead.
+//! The device options of `lwpvmm run`: `--disk PATH[,ro]`,
+//! `--net tap=NAME[,mac=MAC]` and `--entropy[=BYTES_PER_S]`, parsed into
+//! the VMM's device configurations with messages that say what to write
+//! instead.
 
 use std::path::PathBuf;
 
+use crate::vmm::devices::virtio::rate_limiter::{BucketConfig, RateLimit};
+use crate::vmm::devices::virtio::rng::EntropyConfig;
 use crate::vmm::devices::virtio::{DiskConfig, NetConfig};
 
 /// `PATH[,ro]`. A word after the last comma that is not `ro` is an option
@@ -78,6 +81,21 @@ fn parse_mac(text: &str) -> Result<[u8; 6], String> {
         ));
     }
     Ok(mac)
+}
+
+/// `--entropy[=BYTES_PER_S]`: the entropy device, limited to that many
+/// bytes a second unless 0.
+pub fn entropy(bytes_per_s: u64) -> EntropyConfig {
+    EntropyConfig {
+        rate_limit: (bytes_per_s > 0).then_some(RateLimit {
+            bandwidth: Some(BucketConfig {
+                size: bytes_per_s,
+                one_time_burst: 0,
+                refill_time: 1000,
+            }),
+            ops: None,
+        }),
+    }
 }
 
 #[cfg(test)]

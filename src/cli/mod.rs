@@ -120,6 +120,12 @@ pub struct RunArgs {
     /// bridges or routes it (README: "Disks and networks").
     #[arg(long = "net", value_name = "tap=NAME[,mac=MAC]", value_parser = devices::parse_net)]
     pub nets: Vec<NetConfig>,
+    /// A virtio entropy device (virtio-rng) fed from the host's getrandom,
+    /// so that the guest's CRNG is ready early in its boot; with a value,
+    /// at most that many bytes a second (a token bucket of that size,
+    /// refilled each second).
+    #[arg(long, value_name = "BYTES_PER_S", num_args = 0..=1, default_missing_value = "0")]
+    pub entropy: Option<u64>,
     /// Guest RAM in MiB (`512`), or with a suffix (`512M`, `2G`).
     #[arg(long, default_value_t = crate::vmm::config::DEFAULT_MEMORY_MIB, value_parser = parse_mib)]
     pub memory: u64,
@@ -727,6 +733,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
                 disks: args.disks.clone(),
                 nets: args.nets.clone(),
                 vsock: None,
+                entropy: args.entropy.map(devices::entropy),
                 host: api_host(&args.host, args.initramfs.as_ref(), Some(&args.kernel))?,
             };
             finish(vmm::run(&config)?)

@@ -15,8 +15,8 @@ use serde::Deserialize;
 
 use super::launch::{Launch, LaunchError, LoadPlan};
 use super::model::{
-    API_VERSION, APP_NAME, Action, ActionType, BootSource, Drive, InstanceInfo, Logger, Lwp,
-    MachineConfigBody, Metrics, NetworkInterface, PartialDrive, PartialNetworkInterface,
+    API_VERSION, APP_NAME, Action, ActionType, BootSource, Drive, Entropy, InstanceInfo, Logger,
+    Lwp, MachineConfigBody, Metrics, NetworkInterface, PartialDrive, PartialNetworkInterface,
     SnapshotCreate, SnapshotLoad, Version, Vm, VmState, Vsock,
 };
 use super::setup::{Setup, SetupError};
@@ -42,10 +42,6 @@ const NOT_OFFERED: &[(&str, &str)] = &[
     (
         "mmds",
         "lwpvmm has no metadata service (MMDS); pass data on the kernel command line or a drive",
-    ),
-    (
-        "entropy",
-        "lwpvmm has no virtio-rng device; the guest seeds its RNG from RDRAND and RDSEED",
     ),
     (
         "cpu-config",
@@ -190,6 +186,17 @@ const ENDPOINTS: &[Endpoint] = &[
         method: "PUT",
         resource: "logger",
         before: |api, c| now(api.logger(c.r)),
+        after: after_start,
+    },
+    Endpoint {
+        method: "PUT",
+        resource: "entropy",
+        before: |api, c| {
+            now(body::<Entropy>(c.r).map(|e| {
+                api.setup.entropy(e);
+                Response::no_content()
+            }))
+        },
         after: after_start,
     },
     Endpoint {

@@ -22,6 +22,7 @@ use crate::vmm::api::frontend::Started;
 use crate::vmm::base::seccomp::SeccompMode;
 use crate::vmm::config::SyscallFixupMode;
 use crate::vmm::devices::port_bus::SerialOut;
+use crate::vmm::devices::virtio::rng::EntropyConfig;
 use crate::vmm::devices::virtio::vsock::VsockConfig;
 use crate::vmm::devices::virtio::{DeviceOverrides, DiskConfig, NetConfig};
 use crate::vmm::{HostConfig, Profiling, RestoreConfig, SnapshotPlan, VmConfig, VmError, Vmm};
@@ -165,6 +166,9 @@ pub fn boot(setup: &Setup, settings: HostSettings) -> Result<(Vmm, Started), Lau
         vsock: setup.vsock.as_ref().map(|v| VsockConfig {
             cid: v.guest_cid,
             uds_path: v.uds_path.clone().into(),
+        }),
+        entropy: setup.entropy.map(|e| EntropyConfig {
+            rate_limit: e.rate_limiter,
         }),
         host: host(settings, setup, setup.machine.track_dirty_pages),
     };

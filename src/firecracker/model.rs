@@ -191,6 +191,16 @@ pub struct Vsock {
     pub vsock_id: Option<String>,
 }
 
+/// `PUT /entropy` (`EntropyDevice`): a virtio-rng device, with its rate
+/// limiter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Entropy {
+    /// How fast the guest may draw (Firecracker's `RateLimiter`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limiter: Option<crate::vmm::devices::virtio::rate_limiter::RateLimit>,
+}
+
 /// `PUT /actions` (`InstanceActionInfo`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -406,9 +416,9 @@ pub struct FullConfig {
         skip_serializing_if = "Option::is_none"
     )]
     pub mmds_config: Option<serde_json::Value>,
-    /// Refused: no entropy device.
+    /// The entropy device.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub entropy: Option<serde_json::Value>,
+    pub entropy: Option<Entropy>,
     /// Refused: CPU templates.
     #[serde(
         rename = "cpu-config",

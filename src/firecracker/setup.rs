@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use thiserror::Error;
 
 use super::model::{
-    BootSource, Drive, FullConfig, Logger, Lwp, MachineConfig, MachineConfigBody, Metrics,
+    BootSource, Drive, Entropy, FullConfig, Logger, Lwp, MachineConfig, MachineConfigBody, Metrics,
     NetworkInterface, PartialNetworkInterface, Vsock,
 };
 use crate::lwp::cpuid::{GuestLwpSupport, LwpProfile};
@@ -133,6 +133,8 @@ pub struct Setup {
     pub nets: Vec<NetworkInterface>,
     /// `PUT /vsock`.
     pub vsock: Option<Vsock>,
+    /// `PUT /entropy`.
+    pub entropy: Option<Entropy>,
     /// `PUT /logger`.
     pub logger: Option<Logger>,
     /// `PUT /metrics`.
@@ -160,6 +162,7 @@ impl Default for Setup {
             drives: Vec::new(),
             nets: Vec::new(),
             vsock: None,
+            entropy: None,
             logger: None,
             metrics: None,
             lwp: LwpSetup::default(),
@@ -524,6 +527,12 @@ impl Setup {
         tap(&self.interfaces, name)
     }
 
+    /// `PUT /entropy`: a virtio-rng device at the start (a second PUT
+    /// replaces the first, as Firecracker's does).
+    pub fn entropy(&mut self, entropy: Entropy) {
+        self.entropy = Some(entropy);
+    }
+
     /// `PUT /vsock`: the guest's context ID (3 or more: 0 to 2 are the
     /// hypervisor's, the local and the host's; `u32::MAX` is "any") and the
     /// host socket, bound at start.
@@ -689,6 +698,9 @@ impl Setup {
         if let Some(v) = config.vsock {
             setup.vsock(v)?;
         }
+        if let Some(e) = config.entropy {
+            setup.entropy(e);
+        }
         if let Some(m) = config.metrics {
             setup.metrics(m)?;
         }
@@ -717,6 +729,7 @@ impl Setup {
             }),
             network_interfaces: self.nets.clone(),
             vsock: self.vsock.clone(),
+            entropy: self.entropy,
             logger: self.logger.clone(),
             metrics: self.metrics.clone(),
             lwp: self.lwp_body.clone(),
@@ -761,11 +774,6 @@ pub fn refuse_features(config: &FullConfig) -> Result<(), SetupError> {
             &config.mmds_config,
             "mmds-config",
             "lwpvmm has no metadata service (MMDS); pass data on the kernel command line or a drive",
-        ),
-        (
-            &config.entropy,
-            "entropy",
-            "lwpvmm has no virtio-rng device; the guest seeds its RNG from RDRAND and RDSEED",
         ),
         (
             &config.cpu_config,

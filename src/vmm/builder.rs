@@ -77,6 +77,7 @@ pub fn build_for_boot(config: &VmConfig) -> Result<Vmm, VmError> {
         &config.disks,
         &config.nets,
         config.vsock.as_ref(),
+        config.entropy.as_ref(),
     )?;
     let mut cmdline = config.cmdline.clone();
     if let Some(program) = &config.program {

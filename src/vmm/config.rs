@@ -9,6 +9,7 @@ use std::time::Duration;
 use crate::lwp::cpuid::{GuestLwpSupport, LwpProfile};
 use crate::vmm::base::seccomp::SeccompMode;
 use crate::vmm::devices::port_bus::SerialOut;
+use crate::vmm::devices::virtio::rng::EntropyConfig;
 use crate::vmm::devices::virtio::vsock::VsockConfig;
 use crate::vmm::devices::virtio::{DeviceOverrides, DiskConfig, NetConfig};
 
@@ -43,6 +44,8 @@ pub struct VmConfig {
     pub nets: Vec<NetConfig>,
     /// A virtio vsock device, after the disks and network devices.
     pub vsock: Option<VsockConfig>,
+    /// A virtio entropy device, last.
+    pub entropy: Option<EntropyConfig>,
     /// Console, snapshots, seccomp, signals, sampler and trace.
     pub host: HostConfig,
 }
@@ -61,6 +64,7 @@ impl Default for VmConfig {
             disks: Vec::new(),
             nets: Vec::new(),
             vsock: None,
+            entropy: None,
             host: HostConfig::default(),
         }
     }

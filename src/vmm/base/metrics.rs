@@ -118,6 +118,11 @@ counters! {
     /// Requests a device could not make sense of (malformed chains,
     /// out-of-range sectors, queues outside RAM).
     device_errors,
+    /// Random bytes the entropy device gave the guest.
+    entropy_bytes,
+    /// Requests to the entropy device its rate limiter held back (each
+    /// waited for its tokens in the ring).
+    entropy_rate_limited,
     /// Records the vCPU's LWP unit stored into guest rings.
     records_stored,
     /// Records it counted in MissedEvents instead.
@@ -191,7 +196,7 @@ impl VcpuMetrics {
 }
 
 /// The counters a virtio device keeps (of its own, not a vCPU's).
-pub const DEVICE_COUNTERS: [&str; 9] = [
+pub const DEVICE_COUNTERS: [&str; 11] = [
     "disk_reads",
     "disk_writes",
     "disk_flushes",
@@ -201,6 +206,8 @@ pub const DEVICE_COUNTERS: [&str; 9] = [
     "net_tx_dropped",
     "vsock_rx_small_buffers",
     "device_errors",
+    "entropy_bytes",
+    "entropy_rate_limited",
 ];
 
 /// A VM's counters: the totals over its vCPUs and devices, then each

@@ -157,9 +157,12 @@ const DEVICE: &[(&str, i64)] = syscalls![
     libc::SYS_epoll_pwait,
     libc::SYS_epoll_wait,
     libc::SYS_fdatasync,
+    // The entropy device's bytes, and its rate limiter's timer.
+    libc::SYS_getrandom,
     libc::SYS_pread64,
     libc::SYS_pwrite64,
     libc::SYS_read,
+    libc::SYS_timerfd_settime,
 ];
 
 /// What the vsock thread adds: its event loop, accepting host clients on

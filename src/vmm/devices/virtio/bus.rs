@@ -17,6 +17,7 @@ use super::device::{
 };
 use super::mmio::{MmioTransport, REG_QUEUE_NOTIFY, TransportState, VirtioDevice};
 use super::net::{self, Net};
+use super::rng::{EntropyConfig, Rng};
 use super::vsock::{Vsock, VsockConfig};
 use crate::guard::GuestMemory;
 use crate::hostfs::{self, Access};
@@ -118,15 +119,19 @@ fn default_mac(index: usize) -> [u8; 6] {
 impl VirtioBus {
     /// Opens the disks, then the taps, and wires each device into `vm`:
     /// disks first, in order (so the first `--disk` is /dev/vda), then the
-    /// network devices. Each device counts into counters of its own
-    /// ([`Self::metrics`]).
+    /// network devices, the vsock device and the entropy device. Each
+    /// device counts into counters of its own ([`Self::metrics`]).
     pub fn create(
         vm: &VmFd,
         disks: &[DiskConfig],
         nets: &[NetConfig],
         vsock: Option<&VsockConfig>,
+        entropy: Option<&EntropyConfig>,
     ) -> Result<Self, VirtioError> {
-        let count = disks.len() + nets.len() + usize::from(vsock.is_some());
+        let count = disks.len()
+            + nets.len()
+            + usize::from(vsock.is_some())
+            + usize::from(entropy.is_some());
         if count > MAX_DEVICES {
             return Err(VirtioError::TooMany(count));
         }
@@ -149,6 +154,10 @@ impl VirtioBus {
         if let Some(v) = vsock {
             let m = Arc::<VcpuMetrics>::default();
             devices.push((Box::new(Vsock::new(v, Arc::clone(&m))?), m));
+        }
+        if let Some(e) = entropy {
+            let m = Arc::<VcpuMetrics>::default();
+            devices.push((Box::new(Rng::new(e, Arc::clone(&m))?), m));
         }
         let mut bus = VirtioBus::default();
         for (device, metrics) in devices {
@@ -191,7 +200,9 @@ impl VirtioBus {
                             path.display(),
                             match disk.spec() {
                                 DeviceSpec::Block { bytes, .. } => bytes,
-                                DeviceSpec::Net { .. } | DeviceSpec::Vsock { .. } => 0,
+                                DeviceSpec::Net { .. }
+                                | DeviceSpec::Vsock { .. }
+                                | DeviceSpec::Rng { .. } => 0,
                             }
                         )));
                     }
@@ -205,6 +216,12 @@ impl VirtioBus {
                 )?),
                 // Connections do not survive: the guest gets a transport
                 // reset, and the socket is bound anew.
+                DeviceSpec::Rng { rate_limit } => Box::new(Rng::new(
+                    &EntropyConfig {
+                        rate_limit: *rate_limit,
+                    },
+                    Arc::clone(&metrics),
+                )?),
                 DeviceSpec::Vsock { cid, uds_path } => Box::new(Vsock::restored(
                     &VsockConfig {
                         cid: *cid,
@@ -216,9 +233,16 @@ impl VirtioBus {
                     Arc::clone(&metrics),
                 )?),
             };
+            let rng = matches!(s.spec, DeviceSpec::Rng { .. });
             bus.attach(vm, device, metrics, |device, irq, notify| {
                 MmioTransport::restore(device, irq, notify, &s.transport, mem)
             })?;
+            // A request its limiter held back when the snapshot was taken
+            // is in the ring with no notification to come: the guest's
+            // driver waits for it. A notification of our own takes it up.
+            if rng && let Some(notify) = bus.slots.last().and_then(|slot| slot.notify.first()) {
+                notify.write(1).map_err(VirtioError::EventFd)?;
+            }
         }
         Ok(bus)
     }
@@ -430,7 +454,7 @@ mod tests {
                 read_only: true,
             },
         ];
-        let bus = VirtioBus::create(&vm, &disks, &[], None).unwrap();
+        let bus = VirtioBus::create(&vm, &disks, &[], None, None).unwrap();
         assert_eq!(
             bus.cmdline(),
             "virtio_mmio.device=4K@0xd0000000:5 virtio_mmio.device=4K@0xd0001000:6"
@@ -462,7 +486,9 @@ mod tests {
                 path,
                 read_only: false,
             };
-            let err = VirtioBus::create(&vm, &[disk], &[], None).err().unwrap();
+            let err = VirtioBus::create(&vm, &[disk], &[], None, None)
+                .err()
+                .unwrap();
             assert!(err.to_string().contains(message), "{err}");
         }
         // A snapshot's devices restore on a new VM; an image whose length
@@ -482,7 +508,7 @@ mod tests {
         assert!(err.to_string().contains("8192 now"), "{err}");
         let many = vec![disks[0].clone(); MAX_DEVICES + 1];
         assert!(matches!(
-            VirtioBus::create(&vm, &many, &[], None),
+            VirtioBus::create(&vm, &many, &[], None, None),
             Err(VirtioError::TooMany(9))
         ));
         std::fs::remove_dir_all(&dir).unwrap();

@@ -114,6 +114,12 @@ pub enum DeviceSpec {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         id: Option<String>,
     },
+    /// An entropy device.
+    Rng {
+        /// Its rate limit, if any.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rate_limit: Option<super::rate_limiter::RateLimit>,
+    },
     /// A vsock device.
     Vsock {
         /// The guest's context ID.

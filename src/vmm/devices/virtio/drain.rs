@@ -8,7 +8,7 @@
 //! is asked to pause ([`Halt`]): the rest is taken up after the other
 //! events, or after the pause.
 
-use virtio_queue::{DescriptorChain, Queue, QueueT};
+use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
 
 use super::device::DeviceError;
 use super::mmio::{CHAINS_PER_CALL, Halt};
@@ -31,6 +31,20 @@ pub fn drain(
     halt: &Halt,
     mut handle: impl FnMut(DescriptorChain<&GuestMemory>) -> u32,
 ) -> Result<Drained, DeviceError> {
+    drain_until(queue, mem, halt, |chain| Some(handle(chain))).map(|(done, _)| done)
+}
+
+/// Drains `queue` as [`drain`] does, while `handle` can serve each chain:
+/// a chain it cannot serve now (`None`: a rate limiter's tokens ran out)
+/// goes back to the ring unserved, and the drain stops with notifications
+/// left off; the second value says so. The device takes the ring up again
+/// when it can serve (its timer).
+pub fn drain_until(
+    queue: &mut Queue,
+    mem: &GuestMemory,
+    halt: &Halt,
+    mut handle: impl FnMut(DescriptorChain<&GuestMemory>) -> Option<u32>,
+) -> Result<(Drained, bool), DeviceError> {
     let mut done = Drained::default();
     let mut total = 0;
     loop {
@@ -40,16 +54,19 @@ pub fn drain(
             popped += 1;
             total += 1;
             let head = chain.head_index();
-            let written = handle(chain);
+            let Some(written) = handle(chain) else {
+                queue.go_to_previous_position();
+                return Ok((done, true));
+            };
             queue.add_used(mem, head, written)?;
             done.used = true;
             if total >= CHAINS_PER_CALL || halt.requested() {
                 done.again = true;
-                return Ok(done);
+                return Ok((done, false));
             }
         }
         if !queue.enable_notification(mem)? {
-            return Ok(done);
+            return Ok((done, false));
         }
         // More announced, none readable: a ring no loop may spin on.
         if popped == 0 {

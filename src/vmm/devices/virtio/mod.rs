@@ -22,6 +22,8 @@ pub mod device;
 pub mod drain;
 pub mod mmio;
 pub mod net;
+pub mod rate_limiter;
+pub mod rng;
 pub mod vsock;
 pub mod worker;
 
