@@ -24,7 +24,8 @@
  * SYSRETQ, which overwrites RCX and R11: through a return trampoline in
  * user memory (native.S, trampoline_probe). `halt=1` asks how HLT and the
  * page's interrupt flag (byte 0) and pending byte (byte 1) work together
- * with the LAPIC timer. */
+ * with the LAPIC timer, and whether lwpvmm's halt (the power port's value
+ * 2) sleeps until the tick. */
 
 typedef unsigned char u8;
 typedef unsigned short u16;
@@ -38,6 +39,8 @@ typedef unsigned long long u64;
 #define MSR_NATIVE 0x4b564d10
 #define EXIT_PORT  0xf4
 #define SNAPSHOT_PORT 0x5a
+#define POWER_PORT 0x5e
+#define POWER_HALT 2
 #define NATIVE_INFO 0x100
 #define NATIVE_INFO_MAGIC 0x4e50574c /* "LWPN" */
 #define SERIAL     0x3f8
@@ -317,6 +320,14 @@ static void halt_probe(void)
     u64 cr0;
     __asm__ volatile("mov %%cr0, %0" : "=r"(cr0) : : "memory");
     halt_line("IF on again and one trapped MOV from CR0", timer_ticks - before, vif[1],
+              tsc() - t0);
+    /* lwpvmm's halt (the power port's value 2): the vCPU sleeps in KVM
+     * until the tick. */
+    before = timer_ticks;
+    t0 = tsc();
+    lapic_write(0x380, 1000000);
+    outb(POWER_PORT, POWER_HALT);
+    halt_line("the power port's halt with the page's IF on", timer_ticks - before, vif[1],
               tsc() - t0);
     vif[0] = 0;
 }

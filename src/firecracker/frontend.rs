@@ -403,7 +403,7 @@ impl FirecrackerApi {
         }
         match answer.recv() {
             Ok(Ok(t)) => Ok(t),
-            Ok(Err(e)) => Err(Response::fault(400, &e.to_string())),
+            Ok(Err(e)) => Err(Response::fault(e.status(), &e.to_string())),
             Err(_) => Err(Response::fault(503, "lwpvmm is stopping")),
         }
     }
@@ -515,10 +515,11 @@ impl FirecrackerApi {
         })
     }
 
-    /// A load's `network_overrides` and `vsock_override`, checked as their
-    /// PUTs before the start are: each tap exists, no interface twice, and
-    /// the socket's path is the API's kind of path. Whether the snapshot
-    /// has the interfaces the load checks.
+    /// A load's `network_overrides` and `vsock_override`, checked as the
+    /// PUTs before a start are: each tap exists and is a tap, no interface
+    /// is named twice, and the socket's path is not empty. Whether the
+    /// snapshot has those interfaces is checked when it is loaded
+    /// (`DeviceOverrides::check`).
     fn overrides(&self, load: &SnapshotLoad) -> Result<DeviceOverrides, Response> {
         let asked = load.network_overrides.as_deref().unwrap_or_default();
         if asked.len() > crate::vmm::devices::virtio::MAX_DEVICES {

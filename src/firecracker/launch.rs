@@ -19,6 +19,7 @@ use crate::profile::objects::read_kernel_symbols;
 use crate::profile::sysroot::{Sysroot, SysrootError};
 use crate::vmm::api::ApiConfig;
 use crate::vmm::api::frontend::Started;
+use crate::vmm::base::control_error::Fault;
 use crate::vmm::base::seccomp::SeccompMode;
 use crate::vmm::config::SyscallFixupMode;
 use crate::vmm::devices::port_bus::SerialOut;
@@ -50,6 +51,31 @@ pub enum LaunchError {
     /// The log file cannot be used.
     #[error("log_path {0}")]
     Log(HostFsError),
+}
+
+impl LaunchError {
+    /// Whose fault it was: the client's configuration, or the host's (KVM,
+    /// a tap that would not open, a thread).
+    pub fn fault(&self) -> Fault {
+        match self {
+            LaunchError::Vm(e) => e.fault(),
+            LaunchError::Read { .. }
+            | LaunchError::Setup(_)
+            | LaunchError::Sysroot(_)
+            | LaunchError::Log(_) => Fault::Request,
+        }
+    }
+
+    /// The status Firecracker's API answers it with: 400 for the client's
+    /// fault (Firecracker answers every one so), 500 for the host's, 503
+    /// while lwpvmm stops.
+    pub fn status(&self) -> u16 {
+        match self.fault() {
+            Fault::Request | Fault::Conflict => 400,
+            Fault::Stopping => 503,
+            Fault::Host => 500,
+        }
+    }
 }
 
 /// A snapshot to load.
@@ -261,4 +287,73 @@ fn remove_socket(path: &Path) {
 /// reader holds open (`crate::hostfs::open_stream`).
 pub fn open_log(path: &Path) -> Result<File, LaunchError> {
     hostfs::open_stream(path, StreamMode::Append, Fifo::Allowed).map_err(LaunchError::Log)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vmm::boot::BootError;
+    use crate::vmm::devices::virtio::VirtioError;
+
+    #[test]
+    fn a_clients_mistake_answers_400_and_the_hosts_500() {
+        let io = || std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+        // (what, the error, the status)
+        let table: Vec<(&str, LaunchError, u16)> = vec![
+            (
+                "no kernel",
+                SetupError::Invalid {
+                    field: "kernel_image_path",
+                    why: "missing".into(),
+                }
+                .into(),
+                400,
+            ),
+            (
+                "guest memory out of range",
+                VmError::Boot(BootError::MemorySize {
+                    mib: 1,
+                    min: 16,
+                    max: 1 << 20,
+                })
+                .into(),
+                400,
+            ),
+            (
+                "a disk image of odd size",
+                VmError::Virtio(VirtioError::DiskSize {
+                    path: "/x.img".into(),
+                    bytes: 100,
+                })
+                .into(),
+                400,
+            ),
+            (
+                "a tap that would not open",
+                VmError::Virtio(VirtioError::Tap {
+                    tap: "tap0".into(),
+                    source: io(),
+                })
+                .into(),
+                500,
+            ),
+            (
+                "KVM lacking a capability",
+                VmError::MissingCap("KVM_CAP_X").into(),
+                500,
+            ),
+            (
+                "a thread that would not start",
+                VmError::Thread {
+                    what: "device",
+                    source: io(),
+                }
+                .into(),
+                500,
+            ),
+        ];
+        for (what, e, status) in table {
+            assert_eq!(e.status(), status, "{what}: {e}");
+        }
+    }
 }

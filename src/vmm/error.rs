@@ -4,6 +4,7 @@
 
 use thiserror::Error;
 
+use crate::vmm::base::control_error::Fault;
 use crate::vmm::base::seccomp::SeccompError;
 use crate::vmm::boot::BootError;
 use crate::vmm::output::OutputError;
@@ -102,6 +103,37 @@ pub enum VmError {
     /// A vCPU's saved state could not be restored.
     #[error("vCPU {0}: {1}")]
     VcpuState(u8, VcpuStateError),
+}
+
+impl VmError {
+    /// Whose fault it was: what the caller asked for (a kernel that is not
+    /// one, a size out of range, a disk or snapshot that does not fit), or
+    /// the host (KVM, a thread, a tap that would not open).
+    pub fn fault(&self) -> Fault {
+        match self {
+            VmError::Boot(e) => e.fault(),
+            VmError::Virtio(e) => e.fault(),
+            VmError::Control(e) => e.fault(),
+            VmError::VcpuCount { .. }
+            | VmError::Config(_)
+            | VmError::NativeRefused(_)
+            | VmError::Snapshot(_) => Fault::Request,
+            VmError::NoKvm(_)
+            | VmError::MissingCap(_)
+            | VmError::Setup { .. }
+            | VmError::Native(_)
+            | VmError::Vcpu(_)
+            | VmError::Output(_)
+            | VmError::Seccomp(_)
+            | VmError::Signal { .. }
+            | VmError::EventLoop(_)
+            | VmError::Console(_)
+            | VmError::Thread { .. }
+            | VmError::Api(_)
+            | VmError::Panicked(_)
+            | VmError::VcpuState(..) => Fault::Host,
+        }
+    }
 }
 
 /// A KVM setup ioctl's error, named.

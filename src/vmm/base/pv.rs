@@ -193,6 +193,10 @@ pub enum PowerOp {
     Off = 0,
     /// Reboot: the VM ends, `lwpvmm run` exits 4.
     Reboot = 1,
+    /// Halt until an interrupt: the vCPU sleeps in KVM (its MP state set
+    /// to halted) until one is pending, as HLT would; for a kernel in
+    /// native supervisor mode, where HLT does not sleep.
+    Halt = 2,
 }
 
 impl TryFrom<u8> for PowerOp {
@@ -202,6 +206,7 @@ impl TryFrom<u8> for PowerOp {
         match value {
             0 => Ok(PowerOp::Off),
             1 => Ok(PowerOp::Reboot),
+            2 => Ok(PowerOp::Halt),
             other => Err(other),
         }
     }

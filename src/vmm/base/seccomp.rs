@@ -250,6 +250,7 @@ ioctl_iowr_nr!(KVM_GET_MSRS, KVMIO, 0x88, kvm_bindings::kvm_msrs);
 ioctl_iow_nr!(KVM_SET_XSAVE, KVMIO, 0xa5, kvm_bindings::kvm_xsave);
 ioctl_ior_nr!(KVM_GET_LAPIC, KVMIO, 0x8e, kvm_bindings::kvm_lapic_state);
 ioctl_ior_nr!(KVM_GET_MP_STATE, KVMIO, 0x98, kvm_bindings::kvm_mp_state);
+ioctl_iow_nr!(KVM_SET_MP_STATE, KVMIO, 0x99, kvm_bindings::kvm_mp_state);
 ioctl_iow_nr!(
     KVM_SET_GUEST_DEBUG,
     KVMIO,
@@ -299,6 +300,8 @@ pub fn ioctls(kind: ThreadKind) -> Vec<(&'static str, u64)> {
             ("KVM_IRQ_LINE", KVM_IRQ_LINE()),
             // The guest programmed the IOAPIC (ioapic.rs).
             ("KVM_SET_GSI_ROUTING", KVM_SET_GSI_ROUTING()),
+            // The power port's halt until an interrupt (docs/pv-abi.md).
+            ("KVM_SET_MP_STATE", KVM_SET_MP_STATE()),
             // MXCSR, for the CPL0 LDMXCSR and STMXCSR lwpvmm carries out
             // (vcpu/kernel_insn.rs), read with KVM_GET_XSAVE and written
             // after KVM_GET_XSAVE2.

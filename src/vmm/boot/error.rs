@@ -3,6 +3,8 @@
 
 use thiserror::Error;
 
+use crate::vmm::base::control_error::Fault;
+
 use super::payload::{Format, PayloadError};
 
 /// Why a guest could not be set up.
@@ -98,4 +100,17 @@ pub enum BootError {
         /// Bytes the file has.
         size: u64,
     },
+}
+
+impl BootError {
+    /// Whose fault it was: the image or the sizes asked for, except guest
+    /// RAM the host could not map or write.
+    pub fn fault(&self) -> Fault {
+        match self {
+            BootError::MemoryAlloc(..) | BootError::MemoryFile(_) | BootError::BootData(_) => {
+                Fault::Host
+            }
+            _ => Fault::Request,
+        }
+    }
 }

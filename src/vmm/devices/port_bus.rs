@@ -162,6 +162,9 @@ pub enum PortAction {
     DbDoorbell,
     /// The guest asks for a snapshot at this point (`--snapshot-on-port`).
     SnapshotPoint,
+    /// The guest halts the vCPU until an interrupt (the power port's
+    /// [`PowerOp::Halt`]).
+    Halt,
     /// The guest asked for an ACPI sleep state that is not offered (its
     /// SLP_TYP): the write is ignored.
     UnsupportedSleep(u16),
@@ -309,6 +312,7 @@ impl PortBus {
             POWER_PORT => match PowerOp::try_from(value) {
                 Ok(PowerOp::Off) => PortAction::End(GuestEnd::PowerOff),
                 Ok(PowerOp::Reboot) => PortAction::End(GuestEnd::Reboot),
+                Ok(PowerOp::Halt) => PortAction::Halt,
                 Err(_) => PortAction::Unclaimed,
             },
             SNAPSHOT_PORT if self.snapshot_port => PortAction::SnapshotPoint,

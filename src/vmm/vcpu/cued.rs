@@ -195,6 +195,10 @@ impl VcpuOps for CuedVcpu {
         Ok(())
     }
 
+    fn halt(&mut self) -> Result<(), VcpuError> {
+        Ok(())
+    }
+
     fn mxcsr(&self) -> Result<(u32, u32), VcpuError> {
         Ok((0x1f80, 0xffff))
     }

@@ -196,6 +196,10 @@ pub fn act(action: ExitAction, cx: &mut ExitCx<'_>) -> Result<VcpuStep, VcpuErro
             stepper::db_doorbell(cx);
             Ok(VcpuStep::Continue)
         }
+        ExitAction::Port(PortAction::Halt) => {
+            cx.vcpu.halt()?;
+            Ok(VcpuStep::Continue)
+        }
         ExitAction::Port(
             PortAction::Handled | PortAction::Unclaimed | PortAction::UnsupportedSleep(_),
         ) => Ok(VcpuStep::Continue),
@@ -309,6 +313,7 @@ mod tests {
                 0,
                 ExitAction::Port(PortAction::End(GuestEnd::PowerOff)),
             ),
+            (0x5e, 2, ExitAction::Port(PortAction::Halt)),
             (0x5c, 0, ExitAction::Port(PortAction::UdDoorbell)),
             (0x5d, 1, ExitAction::Port(PortAction::LwpStateCall)),
             (0x5b, 0, ExitAction::Port(PortAction::DbDoorbell)),
@@ -319,6 +324,11 @@ mod tests {
             assert_eq!(got, want, "out {port:#x}");
         }
         assert_eq!(console.lock().unwrap().as_slice(), b"x");
+        // The power port's halt halts the vCPU in KVM, and the run goes on.
+        let mut rig = crate::vmm::vcpu::testing::Rig::new(LwpProfile::Emulated, None);
+        let step = act(ExitAction::Port(PortAction::Halt), &mut rig.cx()).unwrap();
+        assert!(matches!(step, VcpuStep::Continue));
+        assert_eq!(rig.vcpu.halts, 1);
         // (port, value read, unclaimed)
         for (port, want, unclaimed) in [(0x71, 0, false), (0x62, 0xff, true)] {
             let before = metrics.counters().unclaimed_ports;
@@ -332,7 +342,7 @@ mod tests {
             2,
             "out 0x81 and in 0x62"
         );
-        assert_eq!(metrics.counters().exits_io, 9);
+        assert_eq!(metrics.counters().exits_io, 10);
     }
 
     #[test]

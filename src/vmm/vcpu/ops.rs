@@ -88,6 +88,9 @@ pub trait VcpuOps {
     /// Raises this vCPU's threshold line (an edge on its IOAPIC pin); an
     /// error when it has none.
     fn raise_threshold_line(&self) -> Result<(), String>;
+    /// Halts the vCPU until an interrupt: the next KVM_RUN sleeps in KVM
+    /// until one is pending.
+    fn halt(&mut self) -> Result<(), VcpuError>;
     /// The guest's MSR `index` (KERNEL_GS_BASE, LSTAR), as KVM keeps it.
     fn msr(&self, index: u32) -> Result<u64, String>;
     /// The guest's MXCSR and MXCSR_MASK (the bits a load may set), from its
@@ -326,6 +329,19 @@ impl VcpuOps for KvmVcpu {
             .signal_msi(*msi)
             .map(|_| ())
             .map_err(|e| e.to_string())
+    }
+
+    fn halt(&mut self) -> Result<(), VcpuError> {
+        let halted = kvm_bindings::kvm_mp_state {
+            mp_state: kvm_bindings::KVM_MP_STATE_HALTED,
+        };
+        self.fd
+            .set_mp_state(halted)
+            .map_err(|source| VcpuError::Ioctl {
+                vcpu: self.id,
+                what: "KVM_SET_MP_STATE",
+                source,
+            })
     }
 
     fn raise_threshold_line(&self) -> Result<(), String> {

@@ -81,6 +81,8 @@ pub struct FakeVcpu {
     /// Whether KVM has an event in flight (faults then restart).
     pub event_in_flight: bool,
     pub msis: RefCell<Vec<kvm_msi>>,
+    /// Halts asked for (the power port's halt).
+    pub halts: usize,
     /// Edges raised on the threshold line.
     pub lines: Cell<u32>,
     pub kernel_gs_base: u64,
@@ -180,6 +182,11 @@ impl VcpuOps for FakeVcpu {
         Ok(())
     }
 
+    fn halt(&mut self) -> Result<(), VcpuError> {
+        self.halts += 1;
+        Ok(())
+    }
+
     fn emulation_failure(&mut self) -> EmulationFailure {
         self.failure
     }
@@ -266,6 +273,7 @@ impl Rig {
             injected: Vec::new(),
             event_in_flight: false,
             msis: RefCell::default(),
+            halts: 0,
             lines: Cell::new(0),
             kernel_gs_base: 0,
             lstar: 0,

@@ -8,7 +8,9 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use super::vsock::muxer::MuxerError;
 use crate::hostfs::HostFsError;
+use crate::vmm::base::control_error::Fault;
 
 /// The first device's register window; the others follow.
 pub const MMIO_BASE: u64 = 0xd000_0000;
@@ -222,6 +224,30 @@ pub enum VirtioError {
     /// The device thread panicked.
     #[error("the virtio devices thread panicked")]
     Panicked,
+}
+
+impl VirtioError {
+    /// Whose fault it was: an image, a device count or a snapshot's devices
+    /// the caller asked for, or the host (a tap that would not open, KVM,
+    /// descriptors, the device thread).
+    pub fn fault(&self) -> Fault {
+        match self {
+            VirtioError::Disk(_)
+            | VirtioError::DiskSize { .. }
+            | VirtioError::TooMany(_)
+            | VirtioError::Snapshot(_)
+            | VirtioError::NoSuchInterface { .. }
+            | VirtioError::NoVsockToOverride
+            | VirtioError::Vsock(MuxerError::Exists(_)) => Fault::Request,
+            VirtioError::Tap { .. }
+            | VirtioError::Kvm { .. }
+            | VirtioError::EventFd(_)
+            | VirtioError::Queue(_)
+            | VirtioError::Vsock(MuxerError::Io { .. })
+            | VirtioError::Thread(_)
+            | VirtioError::Panicked => Fault::Host,
+        }
+    }
 }
 
 #[cfg(test)]
