@@ -5,7 +5,10 @@
 //! - no two files of src/vmm import each other, directly or around a loop;
 //! - each of the crate's top modules imports only those below it (`log_sink` <- `lwp` <- `guard`
 //!   <- `guests` <- `hostfs` <- `profile` <- `vmm` <- `firecracker` <- `cli`), and each part of src/vmm only the parts below it (`base` <-
-//!   `devices` <- `vcpu` <- `boot` <- `snapshot` <- `api` <- the `Vmm` on top).
+//!   `devices` <- `vcpu` <- `boot` <- `snapshot` <- `api` <- the `Vmm` on top);
+//! - the front ends (`cli`, `firecracker`) reach the VMM only through its front door:
+//!   `vmm::config`, the API's entry (`vmm::api`, its `frontend` and `http`), and what the `vmm`
+//!   root re-exports.
 //!
 //! The checker itself is tested on made-up files, so that a loop or an upward import it missed
 //! would fail here too.
@@ -470,5 +473,76 @@ fn the_checker_finds_loops_and_upward_imports() {
             ups,
             "case {i}: {edges:?}"
         );
+    }
+}
+
+/// Whether `path` (a named crate path) is the VMM's front door for a front end: `vmm::config`
+/// (every type and limit a front end hands the VMM), the API's entry (`vmm::api` itself, and its
+/// `frontend` and `http` that a front end plugs into), or an item the `vmm` root re-exports
+/// (`Vmm`, `VmmHandle`, the run functions), not one of `vmm`'s parts.
+fn through_the_front_door(path: &ModPath, modules: &BTreeSet<ModPath>) -> bool {
+    let is_module = |n: usize| modules.contains(&path[..n].to_vec());
+    match path.get(1).map(String::as_str) {
+        None => true,
+        Some("config") => true,
+        Some("api") => match path.get(2).map(String::as_str) {
+            None => true,
+            Some("frontend" | "http") => !is_module(4),
+            Some(_) => !is_module(3),
+        },
+        Some(_) => !is_module(2),
+    }
+}
+
+#[test]
+fn front_ends_enter_the_vmm_through_its_front_door() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let modules: BTreeSet<ModPath> = files.iter().map(|f| module_of(&src, f)).collect();
+    let mut wrong = Vec::new();
+    for file in the_crate() {
+        if !matches!(
+            file.module.first().map(String::as_str),
+            Some("cli" | "firecracker")
+        ) {
+            continue;
+        }
+        for (path, written) in &file.named {
+            if path.first().map(String::as_str) == Some("vmm")
+                && !through_the_front_door(path, &modules)
+            {
+                wrong.push(format!("{} imports {written}", file.module.join("/")));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "front ends reaching past vmm::config, the API's entry and the vmm root:\n{}",
+        wrong.join("\n")
+    );
+    // The rule itself, on made-up paths.
+    let m = |s: &str| -> ModPath { s.split('/').map(String::from).collect() };
+    let known: BTreeSet<ModPath> = [
+        "vmm",
+        "vmm/boot",
+        "vmm/api",
+        "vmm/api/http",
+        "vmm/api/routes",
+    ]
+    .into_iter()
+    .map(m)
+    .collect();
+    // (path, through the front door)
+    let table = [
+        ("vmm/config/DiskConfig", true),
+        ("vmm/Vmm", true),
+        ("vmm/api/ApiConfig", true),
+        ("vmm/api/http/Request", true),
+        ("vmm/boot/read_image", false),
+        ("vmm/api/routes/MAX_SAMPLE_HZ", false),
+    ];
+    for (path, ok) in table {
+        assert_eq!(through_the_front_door(&m(path), &known), ok, "{path}");
     }
 }

@@ -4,7 +4,7 @@
 use std::io::Write;
 
 use crate::lwp::cpuid::{GuestLwpSupport, LEAF_LWP, LwpFeatures, LwpLeaf, LwpProfile};
-use crate::vmm::machine::cpuid_table;
+use crate::vmm::cpuid_table;
 
 use super::CliError;
 

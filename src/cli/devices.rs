@@ -5,9 +5,7 @@
 
 use std::path::PathBuf;
 
-use crate::vmm::devices::virtio::rate_limiter::{BucketConfig, RateLimit};
-use crate::vmm::devices::virtio::rng::EntropyConfig;
-use crate::vmm::devices::virtio::{DiskConfig, NetConfig};
+use crate::vmm::config::{BucketConfig, DiskConfig, EntropyConfig, NetConfig, RateLimit};
 
 /// `PATH[,ro]`. A word after the last comma that is not `ro` is an option
 /// lwpvmm does not have (`img,rw`), refused as that rather than taken for

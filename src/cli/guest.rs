@@ -7,8 +7,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 
 use crate::lwp::cpuid::{GuestLwpSupport, LwpProfile};
-use crate::vmm::base::seccomp::SeccompMode;
-use crate::vmm::devices::port_bus::{GuestEnd, SerialOut};
+use crate::vmm::config::{GuestEnd, SeccompMode, SerialOut};
 use crate::vmm::{self, HostConfig, Profiling, VmConfig, VmEnd};
 
 use super::report::trace_report;

@@ -18,15 +18,13 @@ use crate::lwp::cpuid::{GuestLwpSupport, LwpProfile};
 use crate::profile::report::ReportError;
 use crate::profile::trace::TraceError;
 use crate::vmm::api::ApiConfig;
-use crate::vmm::base::seccomp::SeccompMode;
-use crate::vmm::boot::BootError;
-use crate::vmm::config::{SupervisorMode, SyscallFixupMode};
-use crate::vmm::devices::port_bus::SerialOut;
-use crate::vmm::devices::virtio::{DiskConfig, NetConfig};
-use crate::vmm::output::{OutputError, OutputKind};
-use crate::vmm::snapshot::SnapshotError;
+use crate::vmm::config::{
+    BootError, DiskConfig, NetConfig, SeccompMode, SerialOut, SnapshotError, SupervisorMode,
+    SyscallFixupMode,
+};
 use crate::vmm::{
-    self, HostConfig, Profiling, RestoreConfig, RunOutcome, SnapshotPlan, VmConfig, VmError,
+    self, HostConfig, OutputError, OutputKind, Profiling, RestoreConfig, RunOutcome, SnapshotPlan,
+    VmConfig, VmError,
 };
 
 /// lwpvmm: AMD Lightweight Profiling for KVM guests on hosts without LWP.
@@ -246,7 +244,7 @@ pub struct HostArgs {
 /// numbers reach it (clap would take `-5` for an option) so that the
 /// message gives the range.
 fn sample_hz() -> clap::builder::RangedI64ValueParser<u32> {
-    clap::value_parser!(u32).range(0..=i64::from(crate::vmm::api::routes::MAX_SAMPLE_HZ))
+    clap::value_parser!(u32).range(0..=i64::from(crate::vmm::config::MAX_SAMPLE_HZ))
 }
 
 /// A size: bytes, or a number with a K, M, G or T suffix (powers of 1024).
@@ -270,7 +268,7 @@ fn parse_size(text: &str) -> Result<u64, String> {
 /// (checked here, so that the message gives the range in the units the
 /// user wrote rather than in MiB after the kernel was read).
 fn parse_mib(text: &str) -> Result<u64, String> {
-    use crate::vmm::boot::{MAX_MEMORY_MIB, MIN_MEMORY_MIB};
+    use crate::vmm::config::{MAX_MEMORY_MIB, MIN_MEMORY_MIB};
     let range = format!(
         "give {MIN_MEMORY_MIB} MiB to {} TiB (`{MIN_MEMORY_MIB}` to `{MAX_MEMORY_MIB}`, or with a suffix: `512M`, `2G`, `1T`)",
         MAX_MEMORY_MIB >> 20
@@ -648,7 +646,7 @@ impl From<VmError> for CliError {
     }
 }
 
-pub use crate::vmm::outcome::{REBOOT_STATUS, exit_status};
+pub use crate::vmm::{REBOOT_STATUS, exit_status};
 
 /// The most bytes of a file `lwpvmm profile` or `report` reads whole (a
 /// program, a symbol file).
@@ -671,7 +669,8 @@ fn read_image(
     path: &std::path::Path,
     memory_mib: u64,
 ) -> Result<Vec<u8>, CliError> {
-    crate::vmm::boot::read_image(path, memory_mib).map_err(|source| CliError::Read { what, source })
+    crate::vmm::config::read_image(path, memory_mib)
+        .map_err(|source| CliError::Read { what, source })
 }
 
 /// The host settings of `host`; with the API on, profiles are named from
@@ -709,7 +708,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
             let kernel = read_image("kernel", &args.kernel, args.memory)?;
             let mut cmdline = args.cmdline.clone().unwrap_or_else(|| {
                 let root = args.disks.first().map(|d| d.read_only);
-                crate::vmm::boot::default_cmdline(&kernel, root)
+                crate::vmm::config::default_cmdline(&kernel, root)
             });
             for words in &args.cmdline_append {
                 if !cmdline.is_empty() {
@@ -762,7 +761,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
 /// The exit status of a finished run: a signal's stop is said in one line;
 /// a requested snapshot or metrics write that failed fails the command.
 fn finish(outcome: RunOutcome) -> Result<u8, CliError> {
-    if let Some(line) = crate::vmm::outcome::end_line(outcome.end) {
+    if let Some(line) = crate::vmm::end_line(outcome.end) {
         // Not eprintln!, which panics when stderr is gone: after SIGHUP the
         // terminal usually is.
         let _ = writeln!(std::io::stderr(), "lwpvmm: {line}");

@@ -20,11 +20,10 @@ use super::model::{
     SnapshotCreate, SnapshotLoad, Version, Vm, VmState, Vsock,
 };
 use super::setup::{Setup, SetupError};
+use crate::vmm::VmmHandle;
 use crate::vmm::api::frontend::{Before, Frontend};
 use crate::vmm::api::http::{Request, Response};
-use crate::vmm::base::request::{SnapshotKind, VmmHandle};
-use crate::vmm::devices::virtio::DeviceOverrides;
-use crate::vmm::snapshot::MEMORY_FILE;
+use crate::vmm::config::{DeviceOverrides, MAX_DEVICES, MEMORY_FILE, SnapshotKind};
 
 /// Firecracker's answer to a pre-boot request after the start.
 const AFTER_START: &str = "The requested operation is not supported after starting the microVM.";
@@ -522,7 +521,7 @@ impl FirecrackerApi {
     /// (`DeviceOverrides::check`).
     fn overrides(&self, load: &SnapshotLoad) -> Result<DeviceOverrides, Response> {
         let asked = load.network_overrides.as_deref().unwrap_or_default();
-        if asked.len() > crate::vmm::devices::virtio::MAX_DEVICES {
+        if asked.len() > MAX_DEVICES {
             return Err(refused(SetupError::TooMany("network overrides")));
         }
         let twice = asked.iter().enumerate().find_map(|(i, o)| {

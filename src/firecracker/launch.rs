@@ -19,13 +19,10 @@ use crate::profile::objects::read_kernel_symbols;
 use crate::profile::sysroot::{Sysroot, SysrootError};
 use crate::vmm::api::ApiConfig;
 use crate::vmm::api::frontend::Started;
-use crate::vmm::base::control_error::Fault;
-use crate::vmm::base::seccomp::SeccompMode;
-use crate::vmm::config::SyscallFixupMode;
-use crate::vmm::devices::port_bus::SerialOut;
-use crate::vmm::devices::virtio::rng::EntropyConfig;
-use crate::vmm::devices::virtio::vsock::VsockConfig;
-use crate::vmm::devices::virtio::{DeviceOverrides, DiskConfig, NetConfig};
+use crate::vmm::config::{
+    DeviceOverrides, DiskConfig, EntropyConfig, Fault, NetConfig, SeccompMode, SerialOut,
+    SyscallFixupMode, VsockConfig,
+};
 use crate::vmm::{HostConfig, Profiling, RestoreConfig, SnapshotPlan, VmConfig, VmError, Vmm};
 
 /// Why the main thread could not do what the API asked.
@@ -110,11 +107,11 @@ pub struct HostSettings {
 }
 
 /// Reads the kernel or initrd a client named for a guest of `memory_mib`
-/// MiB (`crate::vmm::boot::read_image`: a regular file, checked when it is
+/// MiB (`crate::vmm::config::read_image`: a regular file, checked when it is
 /// opened here at `InstanceStart`, never a FIFO or a device it could wait
 /// on, and no larger than the guest's RAM).
 fn read_image(what: &'static str, path: &Path, memory_mib: u64) -> Result<Vec<u8>, LaunchError> {
-    crate::vmm::boot::read_image(path, memory_mib)
+    crate::vmm::config::read_image(path, memory_mib)
         .map_err(|source| LaunchError::Read { what, source })
 }
 
@@ -159,7 +156,7 @@ pub fn boot(setup: &Setup, settings: HostSettings) -> Result<(Vmm, Started), Lau
         .as_deref()
         .map(|p| read_image("initrd_path", p, memory_mib))
         .transpose()?;
-    let cmdline = setup.cmdline(|| crate::vmm::boot::default_cmdline(&kernel, None))?;
+    let cmdline = setup.cmdline(|| crate::vmm::config::default_cmdline(&kernel, None))?;
     let nets = setup
         .nets
         .iter()
@@ -292,8 +289,7 @@ pub fn open_log(path: &Path) -> Result<File, LaunchError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::vmm::boot::BootError;
-    use crate::vmm::devices::virtio::VirtioError;
+    use crate::vmm::config::{BootError, VirtioError};
 
     #[test]
     fn a_clients_mistake_answers_400_and_the_hosts_500() {

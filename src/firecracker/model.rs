@@ -198,7 +198,7 @@ pub struct Vsock {
 pub struct Entropy {
     /// How fast the guest may draw (Firecracker's `RateLimiter`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rate_limiter: Option<crate::vmm::devices::virtio::rate_limiter::RateLimit>,
+    pub rate_limiter: Option<crate::vmm::config::RateLimit>,
 }
 
 /// `PUT /actions` (`InstanceActionInfo`).

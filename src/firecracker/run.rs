@@ -19,8 +19,7 @@ use super::launch::{self, HostSettings, Launch, LaunchError};
 use super::model::{API_VERSION, FullConfig, Metrics};
 use super::setup::{Setup, SetupError};
 use crate::vmm::api::{ApiConfig, ApiError, ApiListeners};
-use crate::vmm::base::seccomp::SeccompMode;
-use crate::vmm::snapshot::{self, SnapshotError};
+use crate::vmm::config::{self, SeccompMode, SnapshotError};
 use crate::vmm::{RunOutcome, VmError, Vmm};
 
 /// The most bytes of a `--config-file`.
@@ -95,16 +94,16 @@ pub fn main(args: &[String], out: &mut dyn Write) -> Result<u8, RunError> {
         return Ok(0);
     }
     if let Some(path) = &args.describe_snapshot {
-        let dir = if path.file_name() == Some(snapshot::STATE_FILE.as_ref()) {
+        let dir = if path.file_name() == Some(config::STATE_FILE.as_ref()) {
             path.parent().unwrap_or(Path::new(".")).to_owned()
         } else {
             path.clone()
         };
-        let state = snapshot::read_state(&dir)?;
+        let state = config::read_state(&dir)?;
         writeln!(
             out,
             "lwpvmm snapshot format {}, written by lwpvmm {}",
-            snapshot::FORMAT_VERSION,
+            config::FORMAT_VERSION,
             state.lwpvmm_version
         )?;
         return Ok(0);
@@ -184,7 +183,7 @@ pub fn main(args: &[String], out: &mut dyn Write) -> Result<u8, RunError> {
             let _ = writeln!(
                 std::io::stderr(),
                 "lwpvmm: {} received before the microVM started",
-                crate::vmm::base::signals::name(*signal)
+                crate::vmm::signal_name(*signal)
             );
             return Ok(128u8.saturating_add(u8::try_from(*signal).unwrap_or(0)));
         }
@@ -228,11 +227,11 @@ pub fn main(args: &[String], out: &mut dyn Write) -> Result<u8, RunError> {
 /// The exit status of a finished run, as `lwpvmm run` gives it, and its
 /// line when a signal stopped it.
 fn finish(outcome: RunOutcome) -> Result<u8, RunError> {
-    if let Some(line) = crate::vmm::outcome::end_line(outcome.end) {
+    if let Some(line) = crate::vmm::end_line(outcome.end) {
         let _ = writeln!(std::io::stderr(), "lwpvmm: {line}");
     }
     for e in &outcome.errors {
         log::error!("{e}");
     }
-    Ok(crate::vmm::outcome::exit_status(outcome.end))
+    Ok(crate::vmm::exit_status(outcome.end))
 }

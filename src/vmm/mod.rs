@@ -24,10 +24,13 @@ pub mod vcpu;
 pub mod vmm;
 
 pub use base::request::{SnapshotInfo, VmmHandle};
+pub use base::signals::name as signal_name;
 pub use builder::{build_for_boot, build_from_snapshot};
 pub use config::{HostConfig, Profiling, RestoreConfig, SnapshotPlan, VmConfig};
 pub use error::VmError;
-pub use outcome::{RunOutcome, VmEnd};
+pub use machine::cpuid_table;
+pub use outcome::{REBOOT_STATUS, RunOutcome, VmEnd, end_line, exit_status};
+pub use output::{OutputError, OutputKind};
 pub use vmm::Vmm;
 
 /// Boots `config.kernel` and runs the VM to its end.

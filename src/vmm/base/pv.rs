@@ -447,7 +447,7 @@ mod tests {
         let table = [
             (0, Err(0), Ok(PowerOp::Off)),
             (1, Ok(StateOp::Save), Ok(PowerOp::Reboot)),
-            (2, Ok(StateOp::Restore), Err(2)),
+            (2, Ok(StateOp::Restore), Ok(PowerOp::Halt)),
             (3, Ok(StateOp::DeclareDb), Err(3)),
             (4, Ok(StateOp::UdRegs), Err(4)),
             (5, Ok(StateOp::DbRegs), Err(5)),

@@ -1,17 +1,38 @@
-//! What a VM is built from: [`VmConfig`] to boot a kernel, [`RestoreConfig`]
-//! to resume a snapshot, and the host-side settings both share
-//! ([`HostConfig`]). Every part has a default, so a caller states only what
-//! it changes.
+//! What a VM is built from, the front ends' way in (as Firecracker's
+//! `vmm_config`): [`VmConfig`] to boot a kernel, [`RestoreConfig`] to resume
+//! a snapshot, the host-side settings both share ([`HostConfig`]), and every
+//! type and limit a front end hands the VMM or checks a request against,
+//! re-exported from the part that owns it (the devices' configurations, the
+//! console, the seccomp and syscall-fixup modes, the default command lines,
+//! the errors a front end turns into its own messages). `src/cli` and
+//! `src/firecracker` import the VMM through here, the root's `Vmm`,
+//! `VmmHandle` and run functions, and the API's entry only
+//! (`tests/layers.rs` checks it). Every part has a default, so a caller
+//! states only what it changes.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use crate::vmm::api::routes::MAX_SAMPLE_HZ;
+pub use crate::vmm::base::control_error::Fault;
+pub use crate::vmm::base::request::SnapshotKind;
+pub use crate::vmm::base::seccomp::SeccompMode;
+pub use crate::vmm::boot::{
+    BootError, KERNEL_BUILTIN_CMDLINE, LINUX_CMDLINE, MAX_MEMORY_MIB, MIN_MEMORY_MIB,
+    STOCK_CMDLINE, default_cmdline, disk_cmdline, read_image,
+};
+pub use crate::vmm::devices::port_bus::{GuestEnd, SerialOut};
+pub use crate::vmm::devices::virtio::rate_limiter::{BucketConfig, RateLimit};
+pub use crate::vmm::devices::virtio::rng::EntropyConfig;
+pub use crate::vmm::devices::virtio::vsock::VsockConfig;
+pub use crate::vmm::devices::virtio::{
+    DeviceOverrides, DiskConfig, MAX_DEVICES, NetConfig, VirtioError,
+};
+pub use crate::vmm::snapshot::{
+    FORMAT_VERSION, MEMORY_FILE, STATE_FILE, SnapshotError, read_state,
+};
+
 use crate::lwp::cpuid::{GuestLwpSupport, LwpProfile};
-use crate::vmm::base::seccomp::SeccompMode;
-use crate::vmm::devices::port_bus::SerialOut;
-use crate::vmm::devices::virtio::rng::EntropyConfig;
-use crate::vmm::devices::virtio::vsock::VsockConfig;
-use crate::vmm::devices::virtio::{DeviceOverrides, DiskConfig, NetConfig};
 
 /// Guest RAM unless the caller sets it, in MiB.
 pub const DEFAULT_MEMORY_MIB: u64 = 128;
