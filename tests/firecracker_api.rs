@@ -217,7 +217,7 @@ fn vm() -> VmmHandle {
                     }));
                 }
                 VmRequest::Metrics(r) => {
-                    let _ = r.send(VmCounters::of(&[], &[]));
+                    let _ = r.send(VmCounters::of(&[], &[], &Default::default()));
                 }
                 VmRequest::Paused(r) => {
                     let _ = r.send(false);

@@ -23,7 +23,7 @@ use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
 use crate::vmm::base::control_error::ControlError;
-use crate::vmm::base::metrics::{VcpuMetrics, VmCounters};
+use crate::vmm::base::metrics::{DeviceMetrics, VcpuMetrics, VmCounters, VmMetrics};
 use crate::vmm::base::request::{Request, SnapshotInfo, SnapshotKind};
 use crate::vmm::base::seccomp::{self, SeccompMode, ThreadKind};
 use crate::vmm::base::signals::{self, StopSignals};
@@ -72,7 +72,9 @@ pub struct Control {
     /// Their counters.
     pub metrics: Vec<Arc<VcpuMetrics>>,
     /// Each virtio device's counters.
-    pub device_metrics: Vec<Arc<VcpuMetrics>>,
+    pub device_metrics: Vec<Arc<DeviceMetrics>>,
+    /// The VM's own counters (snapshots), which this thread keeps.
+    pub vm_metrics: VmMetrics,
     /// The metrics file.
     pub metrics_file: Option<RewriteFile>,
     /// What the machine is.
@@ -390,7 +392,11 @@ impl Control {
                     let _ = reply.send(self.snapshot(&dir, kind, paused, "a request"));
                 }
                 Request::Metrics(reply) => {
-                    let _ = reply.send(VmCounters::of(&self.metrics, &self.device_metrics));
+                    let _ = reply.send(VmCounters::of(
+                        &self.metrics,
+                        &self.device_metrics,
+                        &self.vm_metrics,
+                    ));
                 }
                 Request::FlushMetrics(reply) => {
                     let _ = reply.send(self.flush_metrics());
@@ -528,7 +534,7 @@ impl Control {
             self.resume(paused).map_err(fail)?;
         }
         let (state_bytes, memory_bytes) = result?;
-        self.metrics[0].snapshots.fetch_add(1, Ordering::Relaxed);
+        self.vm_metrics.snapshots.fetch_add(1, Ordering::Relaxed);
         let info = SnapshotInfo {
             dir: dir.to_owned(),
             state_bytes,
@@ -676,7 +682,7 @@ impl Control {
         lwp: &[crate::lwp::unit::UnitStats],
     ) -> Option<String> {
         let file = self.metrics_file.as_ref()?;
-        let counters = VmCounters::of(&self.metrics, &self.device_metrics);
+        let counters = VmCounters::of(&self.metrics, &self.device_metrics, &self.vm_metrics);
         let mut document = metrics_document(end.ok().flatten(), &counters, lwp);
         document.error = end.err().map(ToString::to_string);
         let e = replace_json(file, &document).err()?.to_string();
@@ -690,7 +696,7 @@ impl Control {
             .metrics_file
             .as_ref()
             .ok_or(ControlError::NoMetricsFile)?;
-        let counters = VmCounters::of(&self.metrics, &self.device_metrics);
+        let counters = VmCounters::of(&self.metrics, &self.device_metrics, &self.vm_metrics);
         let document = metrics_document(None, &counters, &[]);
         replace_json(file, &document).map_err(|e| ControlError::host("writing the metrics file", e))
     }
@@ -754,7 +760,7 @@ impl Control {
         errors.extend(self.write_metrics(Ok(Some(end)), &lwp));
         Ok(RunOutcome {
             end,
-            metrics: VmCounters::of(&self.metrics, &self.device_metrics),
+            metrics: VmCounters::of(&self.metrics, &self.device_metrics, &self.vm_metrics),
             lwp,
             errors,
         })

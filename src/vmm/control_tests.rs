@@ -76,6 +76,7 @@ impl Running {
             devices: None,
             metrics,
             device_metrics: Vec::new(),
+            vm_metrics: Default::default(),
             metrics_file: None,
             spec: MachineSpec {
                 memory_mib: 2,

@@ -5,7 +5,7 @@
 use serde::Serialize;
 
 use crate::lwp::unit::UnitStats;
-use crate::vmm::base::metrics::VmCounters;
+use crate::vmm::base::metrics::{METRICS_VERSION, VmCounters};
 use crate::vmm::base::signals;
 use crate::vmm::devices::port_bus::GuestEnd;
 
@@ -93,6 +93,8 @@ pub struct RunOutcome {
 /// the VM's counters, and each LWP unit's.
 #[derive(Debug, Serialize)]
 pub struct MetricsDocument<'a> {
+    /// The document's shape ([`METRICS_VERSION`]).
+    version: u32,
     end: Option<serde_json::Value>,
     /// Why the run failed, when it ended on a VMM error.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -117,6 +119,7 @@ pub fn metrics_document<'a>(
         VmEnd::Stopped => serde_json::json!("stopped"),
     });
     MetricsDocument {
+        version: METRICS_VERSION,
         end,
         error: None,
         vm,

@@ -225,6 +225,7 @@ impl Vmm {
             devices,
             metrics,
             device_metrics,
+            vm_metrics: Default::default(),
             metrics_file: self.outputs_metrics,
             spec: self.spec,
             plan: self.host.snapshots.clone(),

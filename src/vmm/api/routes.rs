@@ -627,7 +627,11 @@ mod tests {
                         });
                     }
                     VmRequest::Metrics(r) => {
-                        let _ = r.send(VmCounters::of(&[Arc::new(VcpuMetrics::default())], &[]));
+                        let _ = r.send(VmCounters::of(
+                            &[Arc::new(VcpuMetrics::default())],
+                            &[],
+                            &Default::default(),
+                        ));
                     }
                     VmRequest::Paused(r) => {
                         let _ = r.send(true);

@@ -1,6 +1,9 @@
-//! Counters of what each vCPU did, read as a typed, serializable snapshot:
-//! one set per vCPU, summed per VM (the VM's figures are the totals over its
-//! vCPUs). Guest-triggered warnings are counted here even when the rate
+//! Counters by owner, read as typed, serializable snapshots: each vCPU's
+//! ([`VcpuMetrics`]), each virtio device's ([`DeviceMetrics`]) and the VM's
+//! own ([`VmMetrics`]), each set with its names, values and help generated
+//! from one declaration; a VM's figures are their totals
+//! ([`VmCounters`]), rendered as the metrics file's JSON and as Prometheus
+//! text. Guest-triggered warnings are counted here even when the rate
 //! limiter keeps them out of the log.
 
 use std::sync::Arc;
@@ -11,40 +14,57 @@ use serde::Serialize;
 use crate::lwp::fault::{GuestFault, PF_PRESENT, PF_RESERVED};
 
 macro_rules! counters {
-    ($($(#[doc = $doc:literal])* $name:ident),* $(,)?) => {
-        /// One vCPU's live counters, updated by its thread.
+    (
+        $(#[doc = $ldoc:literal])* $live:ident,
+        $(#[doc = $vdoc:literal])* $values:ident,
+        $help:ident,
+        { $($(#[doc = $doc:literal])* $name:ident),* $(,)? }
+    ) => {
+        $(#[doc = $ldoc])*
         #[derive(Debug, Default)]
-        pub struct VcpuMetrics {
+        pub struct $live {
             $($(#[doc = $doc])* pub $name: AtomicU64,)*
         }
 
-        /// The counters' values at one moment (one vCPU's, or a VM's
-        /// totals).
+        $(#[doc = $vdoc])*
         #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-        pub struct Counters {
+        pub struct $values {
             $($(#[doc = $doc])* pub $name: u64,)*
         }
 
         /// Each counter's name and its documentation, for Prometheus's
         /// `# HELP` lines.
-        const HELP: &[(&str, &str)] = &[$((stringify!($name), concat!($($doc),*)),)*];
+        const $help: &[(&str, &str)] = &[$((stringify!($name), concat!($($doc),*)),)*];
 
-        impl VcpuMetrics {
+        impl $live {
             /// The values now.
-            pub fn counters(&self) -> Counters {
-                Counters { $($name: self.$name.load(Ordering::Relaxed),)* }
+            pub fn counters(&self) -> $values {
+                $values { $($name: self.$name.load(Ordering::Relaxed),)* }
             }
         }
 
-        impl Counters {
-            fn add(&mut self, other: &Counters) {
+        impl $values {
+            /// Adds `other`'s counts to these: a sum over owners.
+            pub fn add(&mut self, other: &$values) {
                 $(self.$name += other.$name;)*
+            }
+
+            /// Each counter's name and value, in the order they are
+            /// declared (the metrics file's, and Prometheus's).
+            pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> {
+                [$((stringify!($name), self.$name)),*].into_iter()
             }
         }
     };
 }
 
 counters! {
+    /// One vCPU's live counters, updated by its thread.
+    VcpuMetrics,
+    /// A vCPU's counters at one moment (or their sums over a VM's vCPUs).
+    Counters,
+    VCPU_HELP,
+    {
     /// Port-I/O exits.
     exits_io,
     /// MSR exits (LWP_CFG, LWP_CBADDR).
@@ -93,36 +113,8 @@ counters! {
     unclaimed_ports,
     /// Other guest-triggered warnings.
     guest_warnings,
-    /// Snapshots written (counted on vCPU 0).
-    snapshots,
     /// MMIO exits (virtio registers; queue notifications do not exit).
     exits_mmio,
-    /// virtio block reads completed (device counters are each device's
-    /// own, in `VmCounters::devices`).
-    disk_reads,
-    /// virtio block writes completed.
-    disk_writes,
-    /// virtio block flushes completed (counted once fdatasync returned).
-    disk_flushes,
-    /// Frames the network devices handed to the guest.
-    net_rx_frames,
-    /// Frames the network devices took from the guest.
-    net_tx_frames,
-    /// Frames for the guest dropped: a receive buffer too small.
-    net_rx_dropped,
-    /// Frames from the guest dropped: a tap that refused one.
-    net_tx_dropped,
-    /// vsock receive buffers too small for a header and any payload (44
-    /// bytes or fewer), handed back to the guest empty.
-    vsock_rx_small_buffers,
-    /// Requests a device could not make sense of (malformed chains,
-    /// out-of-range sectors, queues outside RAM).
-    device_errors,
-    /// Random bytes the entropy device gave the guest.
-    entropy_bytes,
-    /// Requests to the entropy device its rate limiter held back (each
-    /// waited for its tokens in the ring).
-    entropy_rate_limited,
     /// Records the vCPU's LWP unit stored into guest rings.
     records_stored,
     /// Records it counted in MissedEvents instead.
@@ -174,6 +166,55 @@ counters! {
     /// LWP instructions and state calls refused with #GP(0)
     /// (non-canonical, wrapping, not RAM, invalid block).
     denied_gp,
+    }
+}
+
+counters! {
+    /// One virtio device's live counters, updated by the device thread.
+    DeviceMetrics,
+    /// A device's counters at one moment (or their sums over a VM's
+    /// devices).
+    DeviceCounters,
+    DEVICE_HELP,
+    {
+    /// virtio block reads completed.
+    disk_reads,
+    /// virtio block writes completed.
+    disk_writes,
+    /// virtio block flushes completed (counted once fdatasync returned).
+    disk_flushes,
+    /// Frames the network devices handed to the guest.
+    net_rx_frames,
+    /// Frames the network devices took from the guest.
+    net_tx_frames,
+    /// Frames for the guest dropped: a receive buffer too small.
+    net_rx_dropped,
+    /// Frames from the guest dropped: a tap that refused one.
+    net_tx_dropped,
+    /// vsock receive buffers too small for a header and any payload (44
+    /// bytes or fewer), handed back to the guest empty.
+    vsock_rx_small_buffers,
+    /// Requests a device could not make sense of (malformed chains,
+    /// out-of-range sectors, queues outside RAM).
+    device_errors,
+    /// Random bytes the entropy device gave the guest.
+    entropy_bytes,
+    /// Requests to the entropy device its rate limiter held back (each
+    /// waited for its tokens in the ring).
+    entropy_rate_limited,
+    }
+}
+
+counters! {
+    /// The VM's own live counters: what no one vCPU or device does.
+    VmMetrics,
+    /// The VM's own counters at one moment.
+    VmWideCounters,
+    VM_HELP,
+    {
+    /// Snapshots written.
+    snapshots,
+    }
 }
 
 impl VcpuMetrics {
@@ -195,107 +236,134 @@ impl VcpuMetrics {
     }
 }
 
-/// The counters a virtio device keeps (of its own, not a vCPU's).
-pub const DEVICE_COUNTERS: [&str; 11] = [
-    "disk_reads",
-    "disk_writes",
-    "disk_flushes",
-    "net_rx_frames",
-    "net_tx_frames",
-    "net_rx_dropped",
-    "net_tx_dropped",
-    "vsock_rx_small_buffers",
-    "device_errors",
-    "entropy_bytes",
-    "entropy_rate_limited",
-];
-
-/// A VM's counters: the totals over its vCPUs and devices, then each
-/// vCPU's own and each virtio device's own.
+/// A VM's counters: the totals over its vCPUs, its devices and its own,
+/// then each vCPU's and each virtio device's. The metrics file's shape
+/// ([`METRICS_VERSION`] 2): the totals flat (every counter once), `vcpus`
+/// with each vCPU's own counters, `devices` with each device's.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct VmCounters {
-    /// The sums over every vCPU and device.
+    /// The sums of the vCPUs' counters.
     #[serde(flatten)]
     pub total: Counters,
+    /// The sums of the devices' counters.
+    #[serde(flatten)]
+    pub device_total: DeviceCounters,
+    /// The VM's own.
+    #[serde(flatten)]
+    pub vm: VmWideCounters,
     /// Each vCPU's counters, by index.
     pub vcpus: Vec<Counters>,
     /// Each virtio device's counters, by slot (disks first, then network
-    /// devices); only [`DEVICE_COUNTERS`] move.
-    pub devices: Vec<Counters>,
+    /// devices, vsock and entropy).
+    pub devices: Vec<DeviceCounters>,
 }
+
+/// The metrics document's version: 2 since each vCPU and device lists only
+/// the counters it keeps (version 1 gave every vCPU the devices' counters
+/// at zero, and every device the vCPUs').
+pub const METRICS_VERSION: u32 = 2;
 
 impl VmCounters {
     /// The VM's counters now.
-    pub fn of(vcpus: &[Arc<VcpuMetrics>], devices: &[Arc<VcpuMetrics>]) -> Self {
+    pub fn of(vcpus: &[Arc<VcpuMetrics>], devices: &[Arc<DeviceMetrics>], vm: &VmMetrics) -> Self {
         let vcpus: Vec<Counters> = vcpus.iter().map(|m| m.counters()).collect();
-        let devices: Vec<Counters> = devices.iter().map(|m| m.counters()).collect();
+        let devices: Vec<DeviceCounters> = devices.iter().map(|m| m.counters()).collect();
         let mut total = Counters::default();
-        vcpus.iter().chain(&devices).for_each(|c| total.add(c));
+        vcpus.iter().for_each(|c| total.add(c));
+        let mut device_total = DeviceCounters::default();
+        devices.iter().for_each(|c| device_total.add(c));
         VmCounters {
             total,
+            device_total,
+            vm: vm.counters(),
             vcpus,
             devices,
         }
     }
-}
 
-impl VmCounters {
-    /// The counters in the Prometheus text format (version 0.0.4), one
-    /// series per vCPU, `lwpvmm_<name>_total{vcpu="N"}`, and for a device
-    /// counter one per device too, `{device="N"}`: a sum over the labels is
-    /// the VM's total. The step backend flags are gauges (0 or 1), without
-    /// the `_total`.
+    /// The counters in the Prometheus text format (version 0.0.4), each
+    /// owner's under its own label: `lwpvmm_<name>_total{vcpu="N"}` for a
+    /// vCPU's, `{device="N"}` for a device's, and the VM's own without one;
+    /// a sum over a counter's labels is the VM's total. The step backend
+    /// flags are gauges (0 or 1), without the `_total`; a count of
+    /// nanoseconds is `_seconds_total` in seconds.
     pub fn prometheus(&self) -> String {
-        let maps = |counters: &[Counters]| -> Vec<serde_json::Map<String, serde_json::Value>> {
-            counters
-                .iter()
-                .filter_map(|c| match serde_json::to_value(c) {
-                    Ok(serde_json::Value::Object(map)) => Some(map),
-                    _ => None,
-                })
-                .collect()
-        };
-        let (vcpus, devices) = (maps(&self.vcpus), maps(&self.devices));
         let mut out = String::new();
-        let Some(first) = vcpus.first() else {
+        let Some(first) = self.vcpus.first() else {
             return out;
         };
-        for name in first.keys() {
-            // Prometheus names a time in seconds: a counter of nanoseconds
-            // becomes `_seconds_total`, its values divided (promtool refuses
-            // abbreviated units in a name).
-            let seconds = name.strip_suffix("_ns");
-            let (series, kind) = if name.starts_with("step_backend_") {
-                (format!("lwpvmm_{name}"), "gauge")
-            } else if let Some(stem) = seconds {
-                (format!("lwpvmm_{stem}_seconds_total"), "counter")
-            } else {
-                (format!("lwpvmm_{name}_total"), "counter")
-            };
-            let render = |value: Option<u64>| match (value.unwrap_or(0), seconds) {
-                (v, Some(_)) => format!("{}", v as f64 / 1e9),
-                (v, None) => v.to_string(),
-            };
-            let help = HELP
+        for (name, _) in first.iter() {
+            let values = self
+                .vcpus
                 .iter()
-                .find(|(n, _)| n == name)
-                .map_or(String::new(), |(_, h)| {
-                    h.split_whitespace().collect::<Vec<_>>().join(" ")
-                });
-            out.push_str(&format!("# HELP {series} {help}\n"));
-            out.push_str(&format!("# TYPE {series} {kind}\n"));
-            for (id, map) in vcpus.iter().enumerate() {
-                let value = map.get(name).and_then(serde_json::Value::as_u64);
-                out.push_str(&format!("{series}{{vcpu=\"{id}\"}} {}\n", render(value)));
-            }
-            if DEVICE_COUNTERS.contains(&name.as_str()) {
-                for (id, map) in devices.iter().enumerate() {
-                    let value = map.get(name).and_then(serde_json::Value::as_u64);
-                    out.push_str(&format!("{series}{{device=\"{id}\"}} {}\n", render(value)));
-                }
+                .enumerate()
+                .map(|(i, c)| (format!("vcpu=\"{i}\""), value_of(c.iter(), name)));
+            series(&mut out, name, VCPU_HELP, values);
+        }
+        if let Some(first) = self.devices.first() {
+            for (name, _) in first.iter() {
+                let values = self
+                    .devices
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| (format!("device=\"{i}\""), value_of(c.iter(), name)));
+                series(&mut out, name, DEVICE_HELP, values);
             }
         }
+        for (name, value) in self.vm.iter() {
+            series(
+                &mut out,
+                name,
+                VM_HELP,
+                std::iter::once((String::new(), value)),
+            );
+        }
         out
+    }
+}
+
+/// The value of counter `name` among `values`.
+fn value_of(mut values: impl Iterator<Item = (&'static str, u64)>, name: &str) -> u64 {
+    values.find(|(n, _)| *n == name).map_or(0, |(_, v)| v)
+}
+
+/// Appends one counter's HELP, TYPE and a line for each of its `values`
+/// (labels and value).
+fn series(
+    out: &mut String,
+    name: &str,
+    help: &[(&str, &str)],
+    values: impl Iterator<Item = (String, u64)>,
+) {
+    // Prometheus names a time in seconds: a counter of nanoseconds becomes
+    // `_seconds_total`, its values divided (promtool refuses abbreviated
+    // units in a name).
+    let seconds = name.strip_suffix("_ns");
+    let (series, kind) = if name.starts_with("step_backend_") {
+        (format!("lwpvmm_{name}"), "gauge")
+    } else if let Some(stem) = seconds {
+        (format!("lwpvmm_{stem}_seconds_total"), "counter")
+    } else {
+        (format!("lwpvmm_{name}_total"), "counter")
+    };
+    let text = help
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map_or(String::new(), |(_, h)| {
+            h.split_whitespace().collect::<Vec<_>>().join(" ")
+        });
+    out.push_str(&format!("# HELP {series} {text}\n"));
+    out.push_str(&format!("# TYPE {series} {kind}\n"));
+    for (labels, v) in values {
+        let shown = match seconds {
+            Some(_) => format!("{}", v as f64 / 1e9),
+            None => v.to_string(),
+        };
+        if labels.is_empty() {
+            out.push_str(&format!("{series} {shown}\n"));
+        } else {
+            out.push_str(&format!("{series}{{{labels}}} {shown}\n"));
+        }
     }
 }
 
@@ -311,12 +379,24 @@ mod tests {
         a.lwpins.fetch_add(3, Ordering::Relaxed);
         b.lwpins.fetch_add(4, Ordering::Relaxed);
         b.steps.fetch_add(1, Ordering::Relaxed);
-        let vm = VmCounters::of(&[a, b], &[]);
+        let disk = Arc::new(DeviceMetrics::default());
+        disk.disk_reads.fetch_add(5, Ordering::Relaxed);
+        let own = VmMetrics::default();
+        own.snapshots.fetch_add(2, Ordering::Relaxed);
+        let vm = VmCounters::of(&[a, b], &[disk], &own);
         assert_eq!((vm.total.lwpins, vm.total.steps), (7, 1));
         assert_eq!(vm.vcpus[1].lwpins, 4);
         let json = serde_json::to_value(&vm).unwrap();
-        assert_eq!(json["lwpins"], 7);
+        // Every total once, flat; each owner lists its own counters only.
+        assert_eq!(
+            (&json["lwpins"], &json["disk_reads"], &json["snapshots"]),
+            (&7.into(), &5.into(), &2.into())
+        );
         assert_eq!(json["vcpus"][0]["lwpins"], 3);
+        assert!(json["vcpus"][0].get("disk_reads").is_none());
+        assert!(json["vcpus"][0].get("snapshots").is_none());
+        assert_eq!(json["devices"][0]["disk_reads"], 5);
+        assert!(json["devices"][0].get("lwpins").is_none());
     }
 
     #[test]
@@ -326,22 +406,20 @@ mod tests {
         b.lwpins.fetch_add(4, Ordering::Relaxed);
         b.sampler_ns.fetch_add(1_500_000_000, Ordering::Relaxed);
         a.step_backend_trap_flag.store(1, Ordering::Relaxed);
-        let disk = Arc::new(VcpuMetrics::default());
+        let disk = Arc::new(DeviceMetrics::default());
         disk.disk_reads.fetch_add(5, Ordering::Relaxed);
-        let vm = VmCounters::of(&[a, b], &[disk]);
-        assert_eq!(
-            (vm.total.disk_reads, vm.vcpus[0].disk_reads),
-            (5, 0),
-            "the device's own"
-        );
+        let own = VmMetrics::default();
+        own.snapshots.fetch_add(1, Ordering::Relaxed);
+        let vm = VmCounters::of(&[a, b], &[disk], &own);
+        assert_eq!(vm.device_total.disk_reads, 5);
         let text = vm.prometheus();
         for line in [
             "# HELP lwpvmm_lwpins_total LWPINS executed.",
             "# TYPE lwpvmm_lwpins_total counter",
             "lwpvmm_lwpins_total{vcpu=\"0\"} 0",
             "lwpvmm_lwpins_total{vcpu=\"1\"} 4",
-            "lwpvmm_disk_reads_total{vcpu=\"0\"} 0",
             "lwpvmm_disk_reads_total{device=\"0\"} 5",
+            "lwpvmm_snapshots_total 1",
             "lwpvmm_vsock_rx_small_buffers_total{device=\"0\"} 0",
             "# TYPE lwpvmm_step_backend_trap_flag gauge",
             "lwpvmm_step_backend_trap_flag{vcpu=\"0\"} 1",
@@ -369,6 +447,13 @@ mod tests {
             !text.contains("_ns"),
             "no abbreviated unit in a name (promtool refuses them)"
         );
+        // Each counter under its owner's label only.
+        for wrong in [
+            "lwpvmm_disk_reads_total{vcpu=",
+            "lwpvmm_lwpins_total{device=",
+        ] {
+            assert!(!text.contains(wrong), "{wrong} in\n{text}");
+        }
         assert!(VmCounters::default().prometheus().is_empty());
     }
 

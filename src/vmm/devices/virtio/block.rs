@@ -31,7 +31,7 @@ use super::device::{DeviceError, DeviceSpec};
 use super::drain::drain;
 use super::mmio::{Halt, Progress, VirtioDevice, read_space};
 use crate::guard::GuestMemory;
-use crate::vmm::base::metrics::VcpuMetrics;
+use crate::vmm::base::metrics::DeviceMetrics;
 
 /// Sector size of the virtio block protocol.
 pub const SECTOR: u64 = 512;
@@ -82,7 +82,7 @@ pub struct Block {
     bytes: u64,
     read_only: bool,
     id: [u8; ID_BYTES],
-    metrics: Arc<VcpuMetrics>,
+    metrics: Arc<DeviceMetrics>,
     buf: Vec<u8>,
     halt: Halt,
 }
@@ -102,7 +102,7 @@ impl Block {
         path: PathBuf,
         bytes: u64,
         read_only: bool,
-        metrics: Arc<VcpuMetrics>,
+        metrics: Arc<DeviceMetrics>,
     ) -> Self {
         let mut id = [0u8; ID_BYTES];
         let name = path
@@ -417,7 +417,7 @@ mod tests {
             PathBuf::from("/images/root.ext4"),
             64 << 10,
             read_only,
-            Arc::new(VcpuMetrics::default()),
+            Arc::new(DeviceMetrics::default()),
         );
         Rig {
             mem: mem.clone(),

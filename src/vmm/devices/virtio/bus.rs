@@ -21,7 +21,7 @@ use super::rng::{EntropyConfig, Rng};
 use super::vsock::{Vsock, VsockConfig};
 use crate::guard::GuestMemory;
 use crate::hostfs::{self, Access};
-use crate::vmm::base::metrics::VcpuMetrics;
+use crate::vmm::base::metrics::DeviceMetrics;
 use crate::vmm::devices::acpi::MmioDevice;
 
 /// One device in a snapshot.
@@ -44,7 +44,7 @@ pub struct Slot {
     /// Its queues' ioeventfds, which the device thread polls.
     pub notify: Vec<EventFd>,
     /// Its own counters (reads, writes, frames, errors).
-    pub metrics: Arc<VcpuMetrics>,
+    pub metrics: Arc<DeviceMetrics>,
 }
 
 /// The virtio devices of a VM.
@@ -61,7 +61,7 @@ fn eventfd() -> Result<EventFd, VirtioError> {
 fn open_disk(
     path: &Path,
     read_only: bool,
-    metrics: Arc<VcpuMetrics>,
+    metrics: Arc<DeviceMetrics>,
 ) -> Result<Block, VirtioError> {
     let access = if read_only {
         Access::Read
@@ -91,7 +91,7 @@ fn open_net(
     tap: &str,
     id: Option<String>,
     mac: [u8; 6],
-    metrics: Arc<VcpuMetrics>,
+    metrics: Arc<DeviceMetrics>,
 ) -> Result<Net, VirtioError> {
     // TUNSETIFF would create a tap of that name, unconnected and gone at
     // exit, where a name is mistyped: lwpvmm only opens existing taps.
@@ -135,9 +135,9 @@ impl VirtioBus {
         if count > MAX_DEVICES {
             return Err(VirtioError::TooMany(count));
         }
-        let mut devices: Vec<(Box<dyn VirtioDevice>, Arc<VcpuMetrics>)> = Vec::new();
+        let mut devices: Vec<(Box<dyn VirtioDevice>, Arc<DeviceMetrics>)> = Vec::new();
         for d in disks {
-            let m = Arc::<VcpuMetrics>::default();
+            let m = Arc::<DeviceMetrics>::default();
             devices.push((
                 Box::new(open_disk(&d.path, d.read_only, Arc::clone(&m))?),
                 m,
@@ -145,18 +145,18 @@ impl VirtioBus {
         }
         for (i, n) in nets.iter().enumerate() {
             let mac = n.mac.unwrap_or_else(|| default_mac(disks.len() + i));
-            let m = Arc::<VcpuMetrics>::default();
+            let m = Arc::<DeviceMetrics>::default();
             devices.push((
                 Box::new(open_net(&n.tap, n.id.clone(), mac, Arc::clone(&m))?),
                 m,
             ));
         }
         if let Some(v) = vsock {
-            let m = Arc::<VcpuMetrics>::default();
+            let m = Arc::<DeviceMetrics>::default();
             devices.push((Box::new(Vsock::new(v, Arc::clone(&m))?), m));
         }
         if let Some(e) = entropy {
-            let m = Arc::<VcpuMetrics>::default();
+            let m = Arc::<DeviceMetrics>::default();
             devices.push((Box::new(Rng::new(e, Arc::clone(&m))?), m));
         }
         let mut bus = VirtioBus::default();
@@ -186,7 +186,7 @@ impl VirtioBus {
         overrides.check(&specs)?;
         let mut bus = VirtioBus::default();
         for s in saved {
-            let metrics = Arc::<VcpuMetrics>::default();
+            let metrics = Arc::<DeviceMetrics>::default();
             let device: Box<dyn VirtioDevice> = match &s.spec {
                 DeviceSpec::Block {
                     path,
@@ -252,7 +252,7 @@ impl VirtioBus {
         &mut self,
         vm: &VmFd,
         device: Box<dyn VirtioDevice>,
-        metrics: Arc<VcpuMetrics>,
+        metrics: Arc<DeviceMetrics>,
         transport: impl FnOnce(
             Box<dyn VirtioDevice>,
             EventFd,
@@ -405,7 +405,7 @@ impl VirtioBus {
 
     /// Every device's state, for a snapshot (the device thread is paused).
     /// Each device's counters, in slot order.
-    pub fn metrics(&self) -> Vec<Arc<VcpuMetrics>> {
+    pub fn metrics(&self) -> Vec<Arc<DeviceMetrics>> {
         self.slots.iter().map(|s| Arc::clone(&s.metrics)).collect()
     }
 

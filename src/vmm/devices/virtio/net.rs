@@ -25,7 +25,7 @@ use super::device::{DeviceError, DeviceSpec};
 use super::drain::{drain, next_buffer};
 use super::mmio::{CHAINS_PER_CALL, Halt, Progress, VirtioDevice, read_space};
 use crate::guard::GuestMemory;
-use crate::vmm::base::metrics::VcpuMetrics;
+use crate::vmm::base::metrics::DeviceMetrics;
 
 /// The receive and transmit queues' size.
 const QUEUE_SIZE: u16 = 256;
@@ -75,7 +75,7 @@ pub struct Net {
     name: String,
     id: Option<String>,
     mac: [u8; 6],
-    metrics: Arc<VcpuMetrics>,
+    metrics: Arc<DeviceMetrics>,
     frame: Vec<u8>,
     halt: Halt,
 }
@@ -88,7 +88,7 @@ impl Net {
         name: String,
         id: Option<String>,
         mac: [u8; 6],
-        metrics: Arc<VcpuMetrics>,
+        metrics: Arc<DeviceMetrics>,
     ) -> Self {
         Net {
             tap,
@@ -324,7 +324,7 @@ mod tests {
             "tap0".into(),
             None,
             [2, 0, 0, 0, 0, 1],
-            Arc::new(VcpuMetrics::default()),
+            Arc::new(DeviceMetrics::default()),
         );
         Rig {
             mem: mem.clone(),

@@ -19,7 +19,7 @@ use super::drain::drain_until;
 use super::mmio::{Halt, Progress, VirtioDevice};
 use super::rate_limiter::{RateLimit, RateLimiter};
 use crate::guard::GuestMemory;
-use crate::vmm::base::metrics::VcpuMetrics;
+use crate::vmm::base::metrics::DeviceMetrics;
 
 /// virtio's device ID of an entropy source.
 pub const VIRTIO_ID_RNG: u32 = 4;
@@ -44,13 +44,13 @@ pub struct Rng {
     timer: TimerFd,
     waiting: bool,
     buf: Vec<u8>,
-    metrics: Arc<VcpuMetrics>,
+    metrics: Arc<DeviceMetrics>,
     halt: Halt,
 }
 
 impl Rng {
     /// A device for `config`, its limiter's buckets full.
-    pub fn new(config: &EntropyConfig, metrics: Arc<VcpuMetrics>) -> Result<Self, VirtioError> {
+    pub fn new(config: &EntropyConfig, metrics: Arc<DeviceMetrics>) -> Result<Self, VirtioError> {
         Ok(Rng {
             config: *config,
             limiter: config
@@ -215,7 +215,7 @@ mod tests {
             let chain = one(0x10_0000 + i as u64 * 0x1_0000, len, VRING_DESC_F_WRITE);
             vq.add_desc_chains(&chain, i as u16).unwrap();
         }
-        let metrics = Arc::new(VcpuMetrics::default());
+        let metrics = Arc::new(DeviceMetrics::default());
         let mut rng = Rng::new(&EntropyConfig { rate_limit: limit }, Arc::clone(&metrics)).unwrap();
         let progress = rng.notified(0, &mut queues, &mem).unwrap();
         let used = vq.used_addr();

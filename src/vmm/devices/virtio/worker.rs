@@ -22,7 +22,7 @@ use super::mmio::{Halt, MmioTransport, Progress};
 use crate::guard::GuestMemory;
 use crate::guest_warn;
 use crate::vmm::base::control_error::ControlError;
-use crate::vmm::base::metrics::VcpuMetrics;
+use crate::vmm::base::metrics::DeviceMetrics;
 use crate::vmm::base::seccomp::{self, SeccompMode, ThreadKind};
 
 /// What the control thread asks of the device thread.
@@ -57,7 +57,7 @@ struct Device {
     notify: Vec<EventFd>,
     tap: Option<RawFd>,
     polling: bool,
-    metrics: Arc<VcpuMetrics>,
+    metrics: Arc<DeviceMetrics>,
 }
 
 struct Loop {

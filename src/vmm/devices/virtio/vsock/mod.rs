@@ -25,7 +25,7 @@ use super::device::{DeviceError, DeviceSpec};
 use super::drain::{drain, next_buffer};
 use super::mmio::{CHAINS_PER_CALL, Halt, Progress, VirtioDevice, read_space};
 use crate::guard::GuestMemory;
-use crate::vmm::base::metrics::VcpuMetrics;
+use crate::vmm::base::metrics::DeviceMetrics;
 
 const QUEUE_SIZE: u16 = 256;
 const RX: usize = 0;
@@ -46,7 +46,7 @@ pub struct VsockConfig {
 /// The device.
 pub struct Vsock {
     muxer: Muxer,
-    metrics: Arc<VcpuMetrics>,
+    metrics: Arc<DeviceMetrics>,
     halt: Halt,
     /// Restored: the guest must drop its connections.
     reset_pending: bool,
@@ -61,7 +61,7 @@ pub struct Vsock {
 
 impl Vsock {
     /// A device for `config`, binding its socket.
-    pub fn new(config: &VsockConfig, metrics: Arc<VcpuMetrics>) -> Result<Self, MuxerError> {
+    pub fn new(config: &VsockConfig, metrics: Arc<DeviceMetrics>) -> Result<Self, MuxerError> {
         Ok(Vsock {
             muxer: Muxer::new(config.cid, &config.uds_path)?,
             metrics,
@@ -74,7 +74,7 @@ impl Vsock {
     }
 
     /// A restored device: its guest gets a transport reset first.
-    pub fn restored(config: &VsockConfig, metrics: Arc<VcpuMetrics>) -> Result<Self, MuxerError> {
+    pub fn restored(config: &VsockConfig, metrics: Arc<DeviceMetrics>) -> Result<Self, MuxerError> {
         let mut v = Self::new(config, metrics)?;
         v.reset_pending = true;
         v.muxer.kick();
@@ -349,7 +349,7 @@ mod tests {
             cid: 3,
             uds_path: dir.join("v.sock"),
         };
-        let metrics = Arc::new(VcpuMetrics::default());
+        let metrics = Arc::new(DeviceMetrics::default());
         let vsock = if restored {
             Vsock::restored(&config, metrics).unwrap()
         } else {
