@@ -908,7 +908,7 @@ fn capture_loss(seconds_per_billion: f64) -> (f64, f64, i64) {
                 ..Profiling::default()
             },
         );
-        host.api.sock = Some(sock.clone());
+        host.api_served = true;
         let config = VmConfig {
             kernel: lwpvmm::guests::get("throughput").expect("guest").to_vec(),
             cmdline: format!("lwp=1 interval=65535 work={work}"),
@@ -952,7 +952,29 @@ fn capture_loss(seconds_per_billion: f64) -> (f64, f64, i64) {
                     .sum()
             })
         });
-        vmm::run(&config).expect("throughput guest");
+        let listeners = lwpvmm::vmm::api::ApiListeners::bind(&lwpvmm::vmm::api::ApiConfig {
+            sock: Some(sock.clone()),
+            ..Default::default()
+        })
+        .expect("the API socket")
+        .expect("listeners");
+        let vm = vmm::build_for_boot(&config).expect("throughput guest");
+        let started = lwpvmm::vmm::api::frontend::Started {
+            vm: vm.handle(),
+            sysroot: None,
+            kernel: None,
+        };
+        let api = listeners
+            .start(
+                lwpvmm::vmm::api::ApiPhase::Running {
+                    started,
+                    frontend: None,
+                },
+                config.host.seccomp,
+            )
+            .expect("the API");
+        vm.run().expect("throughput guest");
+        api.finish();
         let samples = client.map_or(0, |c| c.join().expect("the pprof client"));
         let text = String::from_utf8_lossy(&console.lock().unwrap()).into_owned();
         let cycles = text

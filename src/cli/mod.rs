@@ -17,14 +17,15 @@ use crate::hostfs::HostFsError;
 use crate::lwp::cpuid::{GuestLwpSupport, LwpProfile};
 use crate::profile::report::ReportError;
 use crate::profile::trace::TraceError;
-use crate::vmm::api::ApiConfig;
+use crate::vmm::api::frontend::Started;
+use crate::vmm::api::{ApiConfig, ApiListeners, ApiPhase};
 use crate::vmm::config::{
     BootError, DiskConfig, NetConfig, SeccompMode, SerialOut, SnapshotError, SupervisorMode,
     SyscallFixupMode,
 };
 use crate::vmm::{
     self, HostConfig, OutputError, OutputKind, Profiling, RestoreConfig, RunOutcome, SnapshotPlan,
-    VmConfig, VmError,
+    VmConfig, VmError, Vmm,
 };
 
 /// lwpvmm: AMD Lightweight Profiling for KVM guests on hosts without LWP.
@@ -341,14 +342,7 @@ impl From<&HostArgs> for HostConfig {
                 stacks: !a.no_stacks,
                 metrics: a.metrics.clone(),
             },
-            api: ApiConfig {
-                sock: a.api_sock.clone(),
-                listen: a.api_listen,
-                sysroot: a.sysroot.clone(),
-                kernel_symbols: a.kernel_symbols.clone(),
-                kernel_image: None,
-                external: false,
-            },
+            api_served: a.api_sock.is_some() || a.api_listen.is_some(),
             syscall_fixup: a.syscall_fixup.into(),
             supervisor: a.supervisor.into(),
         }
@@ -675,12 +669,11 @@ fn read_image(
 
 /// The host settings of `host`; with the API on, profiles are named from
 /// `--sysroot`, else from the initramfs the guest boots.
-fn api_host(
+fn api_config(
     host: &HostArgs,
     initramfs: Option<&PathBuf>,
     kernel: Option<&PathBuf>,
-) -> Result<HostConfig, CliError> {
-    let mut config = HostConfig::from(host);
+) -> Result<Option<ApiConfig>, CliError> {
     let api = host.api_sock.is_some() || host.api_listen.is_some();
     if host.sysroot.is_some() && !api {
         return Err(CliError::Usage(
@@ -692,13 +685,50 @@ fn api_host(
             "--kernel-symbols names the kernel frames of the control API's profiles: give --api-sock or --api-listen too (for a trace, pass --kernel-symbols to `lwpvmm report`)".into(),
         ));
     }
-    if api && config.api.sysroot.is_none() {
-        config.api.sysroot = initramfs.cloned();
-    }
-    if api {
-        config.api.kernel_image = kernel.cloned();
-    }
-    Ok(config)
+    Ok(api.then(|| ApiConfig {
+        sock: host.api_sock.clone(),
+        listen: host.api_listen,
+        sysroot: host.sysroot.clone().or_else(|| initramfs.cloned()),
+        kernel_symbols: host.kernel_symbols.clone(),
+        kernel_image: kernel.cloned(),
+    }))
+}
+
+/// Binds the control API `config` asks for, before the VM is built: a wrong
+/// path or port fails the command at once.
+fn bind_api(config: Option<&ApiConfig>) -> Result<Option<ApiListeners>, VmError> {
+    Ok(match config {
+        Some(c) => ApiListeners::bind(c)?,
+        None => None,
+    })
+}
+
+/// Runs `vmm` to its end, served by the control API on `listeners` if
+/// any: the API starts before the VM runs and finishes after it ended, so
+/// that the profiles still due go out.
+fn served(
+    vmm: Vmm,
+    listeners: Option<ApiListeners>,
+    seccomp: SeccompMode,
+) -> Result<RunOutcome, VmError> {
+    let Some(listeners) = listeners else {
+        return vmm.run();
+    };
+    let started = Started {
+        vm: vmm.handle(),
+        sysroot: None,
+        kernel: None,
+    };
+    let api = listeners.start(
+        ApiPhase::Running {
+            started,
+            frontend: None,
+        },
+        seccomp,
+    )?;
+    let outcome = vmm.run();
+    api.finish();
+    outcome
 }
 
 /// Runs a parsed command line, writing to `out`; returns the exit status.
@@ -733,9 +763,12 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
                 nets: args.nets.clone(),
                 vsock: None,
                 entropy: args.entropy.map(devices::entropy),
-                host: api_host(&args.host, args.initramfs.as_ref(), Some(&args.kernel))?,
+                host: HostConfig::from(&args.host),
             };
-            finish(vmm::run(&config)?)
+            let api = api_config(&args.host, args.initramfs.as_ref(), Some(&args.kernel))?;
+            let listeners = bind_api(api.as_ref())?;
+            let vmm = vmm::build_for_boot(&config)?;
+            finish(served(vmm, listeners, config.host.seccomp)?)
         }
         Command::Restore(args) => {
             let config = RestoreConfig {
@@ -743,9 +776,14 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
                 profile: args.lwp.map(Into::into),
                 verify: args.verify,
                 overrides: Default::default(),
-                host: api_host(&args.host, None, None)?,
+                host: HostConfig::from(&args.host),
             };
-            finish(vmm::restore(&config)?)
+            let api = api_config(&args.host, None, None)?;
+            let listeners = bind_api(api.as_ref())?;
+            let seccomp = config.host.seccomp;
+            finish(vmm::restore_with(&config, |vmm| {
+                served(vmm, listeners, seccomp)
+            })?)
         }
         Command::Report(args) => report::report(out, &args),
         Command::Profile(args) => guest::profile(out, &args),

@@ -17,7 +17,6 @@ use super::setup::{Setup, SetupError, parse_mac};
 use crate::hostfs::{self, Fifo, HostFsError, StreamMode};
 use crate::profile::objects::read_kernel_symbols;
 use crate::profile::sysroot::{Sysroot, SysrootError};
-use crate::vmm::api::ApiConfig;
 use crate::vmm::api::frontend::Started;
 use crate::vmm::config::{
     DeviceOverrides, DiskConfig, EntropyConfig, Fault, NetConfig, SeccompMode, SerialOut,
@@ -136,10 +135,8 @@ fn host(settings: HostSettings, setup: &Setup, diff: bool) -> HostConfig {
             metrics,
             ..Profiling::default()
         },
-        api: ApiConfig {
-            external: true,
-            ..ApiConfig::default()
-        },
+        // The front end's API serves the VM it starts.
+        api_served: true,
         syscall_fixup: SyscallFixupMode::Auto,
         supervisor: setup.lwp.supervisor,
     }

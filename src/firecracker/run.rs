@@ -18,7 +18,7 @@ use super::frontend::{DEFAULT_LOG_LEVEL, FirecrackerApi, set_level};
 use super::launch::{self, HostSettings, Launch, LaunchError};
 use super::model::{API_VERSION, FullConfig, Metrics};
 use super::setup::{Setup, SetupError};
-use crate::vmm::api::{ApiConfig, ApiError, ApiListeners};
+use crate::vmm::api::{ApiConfig, ApiError, ApiListeners, ApiPhase};
 use crate::vmm::config::{self, SeccompMode, SnapshotError};
 use crate::vmm::{RunOutcome, VmError, Vmm};
 
@@ -164,12 +164,16 @@ pub fn main(args: &[String], out: &mut dyn Write) -> Result<u8, RunError> {
     let api = FirecrackerApi::new(setup.clone(), args.id.clone(), launcher);
     if args.config_file.is_some() {
         let (vmm, started) = launch::boot(&setup, settings)?;
-        let thread = listeners.start_started(Box::new(api), started, settings.seccomp)?;
+        let phase = ApiPhase::Running {
+            started,
+            frontend: Some(Box::new(api)),
+        };
+        let thread = listeners.start(phase, settings.seccomp)?;
         let outcome = vmm.run();
         thread.finish();
         return finish(outcome?);
     }
-    let thread = listeners.start_frontend(Box::new(api), settings.seccomp)?;
+    let thread = listeners.start(ApiPhase::Before(Box::new(api)), settings.seccomp)?;
     // Before the start a signal ends the process at once, as Firecracker
     // ends; the socket is removed first.
     let signals = [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM]

@@ -44,9 +44,18 @@ pub fn run(config: &VmConfig) -> Result<RunOutcome, VmError> {
 /// made of the pages it lost. (A file removed or renamed over is no harm:
 /// the mapping keeps the inode it mapped.)
 pub fn restore(config: &RestoreConfig) -> Result<RunOutcome, VmError> {
+    restore_with(config, Vmm::run)
+}
+
+/// [`restore`], with `run` running the restored VM (a front end's, which
+/// serves its API around the run).
+pub fn restore_with(
+    config: &RestoreConfig,
+    run: impl FnOnce(Vmm) -> Result<RunOutcome, VmError>,
+) -> Result<RunOutcome, VmError> {
     let memory = config.dir.join(snapshot::MEMORY_FILE);
     let before = std::fs::metadata(&memory).map(|m| m.len()).ok();
-    let outcome = build_from_snapshot(config)?.run();
+    let outcome = run(build_from_snapshot(config)?);
     let after = std::fs::metadata(&memory).map(|m| m.len()).ok();
     match (before, after) {
         (Some(b), Some(a)) if a < b => Err(snapshot::SnapshotError::Memory(format!(

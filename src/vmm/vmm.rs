@@ -15,7 +15,6 @@ use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 use vmm_sys_util::signal::{SIGRTMIN, register_signal_handler};
 
 use crate::lwp::cpuid::LwpFeatures;
-use crate::vmm::api::ApiListeners;
 use crate::vmm::base::metrics::VcpuMetrics;
 use crate::vmm::base::recorder::Recorder;
 use crate::vmm::base::request::{Request, VmmHandle};
@@ -57,7 +56,6 @@ pub struct Vmm {
     host: HostConfig,
     requests: Receiver<Request>,
     handle: VmmHandle,
-    api: Option<ApiListeners>,
     /// The snapshot this VM was restored from: a diff's first parent.
     pub(super) parent: Option<crate::vmm::snapshot::ParentRef>,
 }
@@ -91,7 +89,7 @@ impl Vmm {
         }
         let recorder = Arc::new(Recorder::new(
             outputs.trace,
-            host.api.served(),
+            host.api_served,
             host.profiling.sample_hz,
         ));
         recorder.set_whole_guest(host.profiling.kernel);
@@ -132,7 +130,6 @@ impl Vmm {
         if host.snapshots.diff {
             crate::vmm::machine::log_dirty_pages(&vm, &shared.mem)?;
         }
-        let api = ApiListeners::bind(&host.api)?;
         let (sender, requests) = channel();
         Ok(Vmm {
             vm,
@@ -143,7 +140,6 @@ impl Vmm {
             host: host.clone(),
             requests,
             handle: VmmHandle::new(sender, Arc::new(eventfd()?), recorder),
-            api,
             parent: None,
         })
     }
@@ -242,22 +238,8 @@ impl Vmm {
                 what: "control",
                 source,
             })?;
-        // After the control thread, which answers what the API asks; a
-        // failure here stops the VM it started.
-        let api = match self.api.map(|a| a.start(self.handle.clone(), seccomp)) {
-            Some(Err(e)) => {
-                self.handle.stop();
-                let _ = control.join();
-                return Err(e.into());
-            }
-            started => started.and_then(Result::ok),
-        };
-        let outcome = control
+        control
             .join()
-            .map_err(|_| VmError::Panicked("control".into()));
-        if let Some(api) = api {
-            api.finish();
-        }
-        outcome?
+            .map_err(|_| VmError::Panicked("control".into()))?
     }
 }

@@ -96,16 +96,23 @@ pub struct ApiConfig {
     /// The kernel the VM booted: its symbols, when it is an ELF that has
     /// them, name kernel frames unless `kernel_symbols` is given.
     pub kernel_image: Option<PathBuf>,
-    /// The API is served by a front end that started it before the VM
-    /// (Firecracker's): the VM binds nothing, but keeps what captures need.
-    pub external: bool,
 }
 
-impl ApiConfig {
-    /// Whether the VM is driven through an API, its own or a front end's.
-    pub fn served(&self) -> bool {
-        self.sock.is_some() || self.listen.is_some() || self.external
-    }
+/// What the API serves from its start: a front end that has not started
+/// a VM yet, or a running VM (with the front end that started it, which
+/// answers first, if any).
+pub enum ApiPhase {
+    /// The front end answers everything until it starts a VM; lwpvmm's
+    /// endpoints then serve that VM too.
+    Before(Box<dyn Frontend>),
+    /// A VM started already (by the front end itself, or booted from a
+    /// config file).
+    Running {
+        /// The VM, with what names its profiles' frames.
+        started: frontend::Started,
+        /// The front end that answers first.
+        frontend: Option<Box<dyn Frontend>>,
+    },
 }
 
 /// The socket file, removed when the API goes.
@@ -193,48 +200,28 @@ impl ApiListeners {
         self
     }
 
-    /// Serves on a thread of its own until [`ApiThread::finish`].
-    pub fn start(self, vm: VmmHandle, mode: SeccompMode) -> Result<ApiThread, ApiError> {
-        let phase = Phase::Running {
-            vm,
-            started: None,
-            frontend: None,
+    /// Serves `phase` on a thread of its own, under the API thread's
+    /// seccomp filter in `mode`, until [`ApiThread::finish`]. A front end
+    /// starts it: before the VM it serves runs, and finishes it after the
+    /// VM ended, so that the profiles still due go out.
+    pub fn start(mut self, phase: ApiPhase, mode: SeccompMode) -> Result<ApiThread, ApiError> {
+        let phase = match phase {
+            ApiPhase::Before(frontend) => Phase::Before(Some(frontend)),
+            ApiPhase::Running { started, frontend } => {
+                if started.sysroot.is_some() {
+                    self.sysroot = started.sysroot;
+                }
+                if started.kernel.is_some() {
+                    self.kernel = started.kernel;
+                }
+                Phase::Running {
+                    vm: started.vm,
+                    started: None,
+                    frontend,
+                }
+            }
         };
         self.spawn(phase, mode)
-    }
-
-    /// Serves `frontend` on a thread of its own, before any VM exists, until
-    /// [`ApiThread::finish`]; once it starts a VM, lwpvmm's endpoints
-    /// serve that VM too.
-    pub fn start_frontend(
-        self,
-        frontend: Box<dyn Frontend>,
-        mode: SeccompMode,
-    ) -> Result<ApiThread, ApiError> {
-        self.spawn(Phase::Before(Some(frontend)), mode)
-    }
-
-    /// Serves `frontend` for a VM it did not start itself (a config file's,
-    /// booted at once), until [`ApiThread::finish`].
-    pub fn start_started(
-        self,
-        frontend: Box<dyn Frontend>,
-        started: frontend::Started,
-        mode: SeccompMode,
-    ) -> Result<ApiThread, ApiError> {
-        let mut listeners = self;
-        if started.sysroot.is_some() {
-            listeners.sysroot = started.sysroot;
-        }
-        if started.kernel.is_some() {
-            listeners.kernel = started.kernel;
-        }
-        let phase = Phase::Running {
-            vm: started.vm,
-            started: None,
-            frontend: Some(frontend),
-        };
-        listeners.spawn(phase, mode)
     }
 
     fn spawn(mut self, phase: Phase, mode: SeccompMode) -> Result<ApiThread, ApiError> {

@@ -125,8 +125,10 @@ pub struct HostConfig {
     pub stop_on_signals: bool,
     /// The sampler, the trace and the metrics file.
     pub profiling: Profiling,
-    /// Where the control API listens, if anywhere.
-    pub api: crate::vmm::api::ApiConfig,
+    /// A control API serves this VM (the front end starts it, with
+    /// `ApiListeners::start`): the recorder keeps each address space's
+    /// executable mappings and takes captures.
+    pub api_served: bool,
     /// Whether lwpvmm completes the SYSCALLs kvm_pvm leaves at CPL3.
     pub syscall_fixup: SyscallFixupMode,
     /// Whether the guest kernel runs in the host's native supervisor mode.
@@ -259,7 +261,7 @@ impl Default for HostConfig {
             seccomp: SeccompMode::On,
             stop_on_signals: false,
             profiling: Profiling::default(),
-            api: Default::default(),
+            api_served: false,
             syscall_fixup: SyscallFixupMode::default(),
             supervisor: SupervisorMode::default(),
         }
