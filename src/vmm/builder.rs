@@ -11,7 +11,6 @@ use vm_memory::GuestMemoryBackend;
 
 use kvm_ioctls::{Kvm, SyncReg, VcpuExit};
 
-use crate::guard::{Access, GuestMemory, GuestView};
 use crate::lwp::cpuid::{GuestLwpSupport, LwpFeatures, LwpProfile};
 use crate::vmm::base::pv::{DB_PORT, EXIT_PORT};
 use crate::vmm::boot;
@@ -21,16 +20,12 @@ use crate::vmm::devices::virtio::VirtioBus;
 use crate::vmm::error::{VmError, setup};
 use crate::vmm::machine::{self, Machine, MachineSpec, Restored};
 use crate::vmm::output::RunOutputs;
-use crate::vmm::snapshot::{self, SnapshotError, VmSnapshot};
-use crate::vmm::vcpu::Vcpu;
+use crate::vmm::snapshot::{self, SnapshotError, VmSnapshot, checks};
 use crate::vmm::vcpu::VcpuOps;
-use crate::vmm::vcpu::cpuid;
-use crate::vmm::vcpu::guest_paging::PagingSource;
 use crate::vmm::vcpu::native;
 use crate::vmm::vcpu::privilege;
 use crate::vmm::vcpu::step::StepBackend;
 use crate::vmm::vcpu::vcpu_state;
-use crate::vmm::vcpu::vcpu_state::VcpuSnapshot;
 use crate::vmm::vmm::Vmm;
 
 /// Refuses host settings that need one another.
@@ -201,9 +196,9 @@ pub fn build_from_snapshot(config: &RestoreConfig) -> Result<Vmm, VmError> {
         .into());
     }
     let (console, outputs) = RunOutputs::open(&config.host, snap.profile)?;
-    let vcpus = check_layout(&snap)?;
+    let vcpus = checks::vcpu_count(&snap)?;
     let kvm = machine::open_kvm()?;
-    check_cpuid(&kvm, &snap, vcpus)?;
+    checks::cpuid_matches(&machine::supported_cpuid(&kvm)?, &snap, vcpus)?;
     let spec = MachineSpec {
         memory_mib: snap.memory.regions.iter().map(|r| r.1).sum::<u64>() >> 20,
         vcpus,
@@ -252,7 +247,7 @@ pub fn build_from_snapshot(config: &RestoreConfig) -> Result<Vmm, VmError> {
     }
     machine.native = restored_native(&snap, config.host.supervisor, machine.vcpus[0].kvm_fd())?;
     for (vcpu, saved) in machine.vcpus.iter_mut().zip(&snap.vcpus) {
-        check_lwpcb(&machine.mem, vcpu, saved)?;
+        checks::lwpcb_reachable(&machine.mem, vcpu, saved)?;
         vcpu_state::apply(vcpu.kvm_fd(), saved, machine.xsave_size)
             .map_err(|e| VmError::VcpuState(saved.id, e))?;
     }
@@ -305,77 +300,6 @@ fn restored_native(
         )),
         _ => Ok(native),
     }
-}
-
-/// The snapshot's vCPU count, refusing ids that are not 0..n in order.
-fn check_layout(snap: &VmSnapshot) -> Result<u8, SnapshotError> {
-    let count = u8::try_from(snap.vcpus.len())
-        .ok()
-        .filter(|&n| n > 0)
-        .ok_or_else(|| SnapshotError::Mismatch(format!("{} vCPUs", snap.vcpus.len())))?;
-    if snap
-        .vcpus
-        .iter()
-        .enumerate()
-        .any(|(i, v)| usize::from(v.id) != i)
-    {
-        return Err(SnapshotError::Mismatch(
-            "vCPU ids are not 0..n in order".into(),
-        ));
-    }
-    Ok(count)
-}
-
-/// Refuses a snapshot whose CPUID tables differ from what this host gives
-/// the same profile on `count` vCPUs (from `check_layout`).
-fn check_cpuid(kvm: &Kvm, snap: &VmSnapshot, count: u8) -> Result<(), VmError> {
-    let supported = machine::supported_cpuid(kvm)?;
-    for v in &snap.vcpus {
-        let here = cpuid::build(&supported, snap.profile, snap.guest, v.id, count);
-        if here != v.cpuid {
-            let differing: Vec<String> = here
-                .iter()
-                .filter(|e| !v.cpuid.contains(e))
-                .chain(v.cpuid.iter().filter(|e| !here.contains(e)))
-                .map(|e| format!("{:#x}.{}", e.leaf, e.subleaf))
-                .take(6)
-                .collect();
-            return Err(SnapshotError::Mismatch(format!(
-                "vCPU {}: the CPUID table differs from the one this host gives profile `{}` (leaves {})",
-                v.id,
-                snap.profile,
-                differing.join(", ")
-            ))
-            .into());
-        }
-    }
-    Ok(())
-}
-
-/// Refuses a restored LWPCB the vCPU could not reach as a CPL3 store.
-fn check_lwpcb(mem: &GuestMemory, vcpu: &Vcpu, saved: &VcpuSnapshot) -> Result<(), SnapshotError> {
-    let Some(unit) = vcpu.lwp().unit() else {
-        return Ok(());
-    };
-    let Some(address) = unit.block().map(|b| b.address) else {
-        return Ok(());
-    };
-    let bad = |reason: String| SnapshotError::Lwp {
-        vcpu: saved.id,
-        reason,
-    };
-    let xsave: Vec<u8> = saved.xsave.iter().flat_map(|w| w.to_le_bytes()).collect();
-    let paging = PagingSource::new(&saved.cpuid)
-        .paging(&saved.sregs, Some(&xsave))
-        .map_err(|e| bad(e.to_string()))?;
-    let size = u64::from(unit.caps().cb_size());
-    GuestView::new(mem, paging)
-        .check(address, size, Access::UserWrite)
-        .map_err(|e| {
-            bad(format!(
-                "the LWPCB at {address:#x} is not in guest RAM the vCPU can reach: {e}"
-            ))
-        })
 }
 
 /// Which stepping backend this host supports, probed once per process with

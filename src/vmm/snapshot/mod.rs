@@ -4,6 +4,8 @@
 //! checksums, the sizes and the LWP section are checked before anything runs.
 //! docs/snapshot.md describes the format and its version rules.
 
+pub mod checks;
+
 use std::collections::HashSet;
 use std::fs::File;
 use std::io::{self, Read};
@@ -728,10 +730,10 @@ pub fn verify_memory(mem: &GuestMemory, recorded: &MemoryLayout) -> Result<(), S
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn sample() -> VmSnapshot {
+    pub(super) fn sample() -> VmSnapshot {
         VmSnapshot {
             lwpvmm_version: "test".into(),
             profile: LwpProfile::Emulated,
