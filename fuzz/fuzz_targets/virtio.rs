@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use libfuzzer_sys::fuzz_target;
 use lwpvmm::guard::GuestMemory;
-use lwpvmm::vmm::base::metrics::VcpuMetrics;
+use lwpvmm::vmm::base::metrics::DeviceMetrics;
 use lwpvmm::vmm::devices::virtio::block::{Block, BlockBackend};
 use lwpvmm::vmm::devices::virtio::mmio::VirtioDevice;
 use lwpvmm::vmm::devices::virtio::net::{Net, Tap};
@@ -88,7 +88,7 @@ fuzz_target!(|data: &[u8]| {
     }
     let mem = GuestMemory::from_ranges(&[(GuestAddress(0), 0x10000)]).expect("guest memory");
     let _ = mem.write_slice(&data[64..data.len().min(64 + 0x10000)], GuestAddress(0));
-    let metrics = Arc::new(VcpuMetrics::default());
+    let metrics = Arc::new(DeviceMetrics::default());
     let read_only = data[63] & 1 != 0;
     let disk = Disk {
         data: vec![0; 64 << 10],
@@ -105,7 +105,7 @@ fuzz_target!(|data: &[u8]| {
         let _ = block.notified(0, &mut [q], &mem);
     }
     let tap = FakeTap(vec![data[..40].to_vec(); 3]);
-    let mut net = Net::new(Box::new(tap), "fuzz".into(), [2, 0, 0, 0, 0, 1], metrics);
+    let mut net = Net::new(Box::new(tap), "fuzz".into(), None, [2, 0, 0, 0, 0, 1], metrics);
     if let (Some(rx), Some(tx)) = (queue(data, 16), queue(data, 32)) {
         let mut queues = [rx, tx];
         let _ = net.notified(1, &mut queues, &mem);
