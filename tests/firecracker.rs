@@ -410,16 +410,23 @@ fn a_linux_guest_boots_snapshots_and_loads_through_firecrackers_api_alone() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[test]
-fn a_config_file_boots_the_guest_without_the_api() {
+/// The one-Linux-guest lock, for a test (`what`) that puts its guests on
+/// taps: it fails saying why on a machine without KVM or /dev/net/tun.
+fn linux_guest_on_taps(what: &str) -> std::sync::MutexGuard<'static, ()> {
     require_kvm();
-    let _one = LINUX_GUEST
+    let one = LINUX_GUEST
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     assert!(
         Path::new("/dev/net/tun").exists(),
-        "the config-file test puts the guest on a tap: it needs /dev/net/tun, which is missing on this machine"
+        "{what} puts its guests on taps: it needs /dev/net/tun, which is missing on this machine"
     );
+    one
+}
+
+#[test]
+fn a_config_file_boots_the_guest_without_the_api() {
+    let _one = linux_guest_on_taps("the config-file test");
     let dir = scratch("config");
     let linux = linux();
     let config = dir.join("vm.json");
@@ -480,14 +487,7 @@ fn a_config_file_boots_the_guest_without_the_api() {
 /// (`network_overrides`, `vsock_override`), the golden's tap gone.
 #[test]
 fn clones_of_one_snapshot_get_taps_and_vsock_sockets_of_their_own() {
-    require_kvm();
-    let _one = LINUX_GUEST
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    assert!(
-        Path::new("/dev/net/tun").exists(),
-        "the clone test puts its guests on taps: it needs /dev/net/tun, which is missing on this machine"
-    );
+    let _one = linux_guest_on_taps("the clone test");
     let dir = scratch("clones");
     let linux = linux();
     let bin = firecracker(&dir);

@@ -14,6 +14,28 @@
         or %rdx, %rax
         .endm
 
+/* The System V callee-saved registers, saved at a probe's start and given
+ * back at its return: the probes leave the C caller's frame for user mode
+ * and come back on a stack of their own. */
+        .macro save_callee
+        push %rbx
+        push %rbp
+        push %r12
+        push %r13
+        push %r14
+        push %r15
+        .endm
+
+        .macro return_callee
+        pop %r15
+        pop %r14
+        pop %r13
+        pop %r12
+        pop %rbp
+        pop %rbx
+        ret
+        .endm
+
         .section .note.lwpvmm, "a", @note
         .p2align 2
         .long 7                 /* name size: "lwpvmm" and its NUL */
@@ -52,12 +74,7 @@ spin:
  * by SYSCALL (STAR, LSTAR and EFER.SCE set by the caller); its cycles. */
         .globl user_spin
 user_spin:
-        push %rbx
-        push %rbp
-        push %r12
-        push %r13
-        push %r14
-        push %r15
+        save_callee
         mov %rsp, saved_rsp(%rip)
         mov %rdi, %rbx
         lea user_entry(%rip), %rcx
@@ -72,13 +89,7 @@ user_entry:
 syscall_entry:
         mov saved_rsp(%rip), %rsp
         mov %rbx, %rax
-        pop %r15
-        pop %r14
-        pop %r13
-        pop %r12
-        pop %rbp
-        pop %rbx
-        ret
+        return_callee
 
 /* The isolation probe (`isolation=1`): one read from user mode, entered by
  * SYSRETQ on the page tables at %rdi (CR3), of the address at %rsi. A read
@@ -90,12 +101,7 @@ syscall_entry:
  *   struct { u64 value; u64 fault; u64 cs; } *isolation_read(cr3, addr, out) */
         .globl isolation_read
 isolation_read:
-        push %rbx
-        push %rbp
-        push %r12
-        push %r13
-        push %r14
-        push %r15
+        save_callee
         mov %rdx, iso_out(%rip)
         mov %rsp, iso_rsp(%rip)
         mov %cr3, %rax
@@ -127,13 +133,7 @@ iso_back:
         mov %rax, 0(%rbx)
         mov %rdx, 8(%rbx)
         mov %rcx, 16(%rbx)
-        pop %r15
-        pop %r14
-        pop %r13
-        pop %r12
-        pop %rbp
-        pop %rbx
-        ret
+        return_callee
 
 /* The return-trampoline probe (`trampoline=1`): an exception taken in user
  * mode returns to it by SYSRETQ, which overwrites RCX and R11, with every
@@ -147,12 +147,7 @@ iso_back:
  *   void trampoline_probe(struct { u64 rcx, r11, rax, rsp_moved; } *out) */
         .globl trampoline_probe
 trampoline_probe:
-        push %rbx
-        push %rbp
-        push %r12
-        push %r13
-        push %r14
-        push %r15
+        save_callee
         mov %rdi, iso_out(%rip)
         mov %rsp, iso_rsp(%rip)
         sub $4096, %rsp         /* the user's stack, below the kernel's frames */
@@ -201,13 +196,7 @@ tramp_syscall:
         mov %rdx, 8(%rbx)
         mov %r8, 16(%rbx)
         mov %rsi, 24(%rbx)
-        pop %r15
-        pop %r14
-        pop %r13
-        pop %r12
-        pop %rbp
-        pop %rbx
-        ret
+        return_callee
 
 /* The LAPIC timer's handler (vector 0x30) of the halt probe: counts the
  * tick and ends the interrupt (EOI). */

@@ -94,24 +94,6 @@ mod tests {
     use super::*;
     use crate::lwp::cpuid::{GuestLwpSupport, LwpProfile};
 
-    fn vcpu(id: u8, cpuid: Vec<CpuidEntry>) -> VcpuSnapshot {
-        VcpuSnapshot {
-            id,
-            cpuid,
-            regs: Default::default(),
-            sregs: Default::default(),
-            xsave_size: 0,
-            xsave: Vec::new(),
-            xcrs: Default::default(),
-            msrs: Vec::new(),
-            lapic: Default::default(),
-            events: Default::default(),
-            debugregs: Default::default(),
-            mp_state: Default::default(),
-            lwp: None,
-        }
-    }
-
     #[test]
     fn vcpus_in_order_with_this_hosts_cpuid() {
         let table_of =
@@ -124,13 +106,19 @@ mod tests {
         let table: Vec<(&str, Vec<VcpuSnapshot>, Result<u8, &str>)> = vec![
             (
                 "two in order",
-                vec![vcpu(0, table_of(0, 2)), vcpu(1, table_of(1, 2))],
+                vec![
+                    VcpuSnapshot::blank(0, table_of(0, 2)),
+                    VcpuSnapshot::blank(1, table_of(1, 2)),
+                ],
                 Ok(2),
             ),
             ("none", Vec::new(), Err("0 vCPUs")),
             (
                 "out of order",
-                vec![vcpu(1, table_of(1, 2)), vcpu(0, table_of(0, 2))],
+                vec![
+                    VcpuSnapshot::blank(1, table_of(1, 2)),
+                    VcpuSnapshot::blank(0, table_of(0, 2)),
+                ],
                 Err("not 0..n in order"),
             ),
         ];
@@ -146,8 +134,8 @@ mod tests {
         let mut other = table_of(0, 1);
         other[0].eax ^= 1;
         let leaf = other[0].leaf;
-        let err = cpuid_matches(&[], &snap(vec![vcpu(0, other)]), 1).unwrap_err();
+        let err = cpuid_matches(&[], &snap(vec![VcpuSnapshot::blank(0, other)]), 1).unwrap_err();
         assert!(err.to_string().contains(&format!("{leaf:#x}.")), "{err}");
-        assert!(cpuid_matches(&[], &snap(vec![vcpu(0, table_of(0, 1))]), 1).is_ok());
+        assert!(cpuid_matches(&[], &snap(vec![VcpuSnapshot::blank(0, table_of(0, 1))]), 1).is_ok());
     }
 }

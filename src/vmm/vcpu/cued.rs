@@ -129,19 +129,8 @@ impl VcpuRun for CuedVcpu {
         _msr_indices: &[u32],
     ) -> Result<(VcpuSnapshot, Vec<u32>), VcpuStateError> {
         let snapshot = VcpuSnapshot {
-            id: self.id,
-            cpuid: cpuid.to_vec(),
-            regs: kvm_regs::default(),
-            sregs: kvm_sregs::default(),
             xsave_size: u32::try_from(xsave_size).unwrap_or(u32::MAX),
-            xsave: Vec::new(),
-            xcrs: Default::default(),
-            msrs: Vec::new(),
-            lapic: Default::default(),
-            events: Default::default(),
-            debugregs: Default::default(),
-            mp_state: Default::default(),
-            lwp: None,
+            ..VcpuSnapshot::blank(self.id, cpuid.to_vec())
         };
         Ok((snapshot, Vec::new()))
     }

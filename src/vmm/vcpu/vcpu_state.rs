@@ -218,3 +218,26 @@ pub struct VcpuSnapshot {
     /// The vCPU's LWP state, when the VM has LWP.
     pub lwp: Option<LwpState>,
 }
+
+impl VcpuSnapshot {
+    /// vCPU `id` with its CPUID table and every other part at its default:
+    /// what a vCPU without KVM state saves (a cued replay's), and the start
+    /// of a made-up one in tests.
+    pub fn blank(id: u8, cpuid: Vec<CpuidEntry>) -> Self {
+        VcpuSnapshot {
+            id,
+            cpuid,
+            regs: Default::default(),
+            sregs: Default::default(),
+            xsave_size: 0,
+            xsave: Vec::new(),
+            xcrs: Default::default(),
+            msrs: Vec::new(),
+            lapic: Default::default(),
+            events: Default::default(),
+            debugregs: Default::default(),
+            mp_state: Default::default(),
+            lwp: None,
+        }
+    }
+}
