@@ -239,3 +239,191 @@ iso_out:
         .globl timer_ticks
 timer_ticks:
         .quad 0
+
+/* The events probe (`events=1`): where interrupts and exceptions land in
+ * the mode and what they do to the page's interrupt flag. A probe runs
+ * kernel code (probe_kernel) or user code entered by SYSRETQ (probe_user)
+ * and comes back with 0 when the code returned (or made a SYSCALL,
+ * ev_syscall, LSTAR) and 1 when a trap came: each trap stub records the
+ * page's IF and pending bytes first, then the frame, the stack it landed
+ * on and CR2 in ev_trap, ends any interrupt (EOI) and returns to the
+ * probe's caller on the kernel's stack.
+ *   u64 probe_kernel(void (*fn)(void))
+ *   u64 probe_user(void *entry, u64 rflags, u64 rsp, u64 unused, u64 rbx) */
+        .text
+        .globl probe_kernel
+probe_kernel:
+        save_callee
+        mov %rsp, ev_rsp(%rip)
+        call *%rdi
+        xor %eax, %eax
+        jmp ev_done
+        .globl probe_user
+probe_user:
+        save_callee
+        mov %rsp, ev_rsp(%rip)
+        mov %rdi, %rcx
+        mov %rsi, %r11
+        mov %rdx, %rsp
+        mov %r8, %rbx
+        sysretq
+/* probe_user with the page's IF set just before the SYSRETQ (a tick is
+ * pending): is it delivered before the SYSRETQ or in user mode after? */
+        .globl probe_user_if_on
+probe_user_if_on:
+        save_callee
+        mov %rsp, ev_rsp(%rip)
+        mov %rdi, %rcx
+        mov %rsi, %r11
+        mov %rdx, %rsp
+        mov vif_ptr(%rip), %rax
+        movb $1, (%rax)
+        .globl ev_sysret_at
+ev_sysret_at:
+        sysretq
+        .globl ev_syscall
+ev_syscall:
+        mov %rax, ev_user_rax(%rip)
+        mov vif_ptr(%rip), %rax
+        movzwl (%rax), %eax
+        mov %rax, ev_syscall_vif(%rip)
+        xor %eax, %eax
+ev_done:
+        mov ev_rsp(%rip), %rsp
+        return_callee
+
+        .macro ev_stub name, vector, has_error
+        .globl \name
+\name:
+        push %rax
+        mov vif_ptr(%rip), %rax
+        movzwl (%rax), %eax
+        mov %rax, ev_trap+48(%rip)
+        pop %rax
+        .if \has_error == 0
+        push $0
+        .endif
+        push $\vector
+        jmp ev_trap_common
+        .endm
+
+        ev_stub ev_de, 0, 0
+        ev_stub ev_ud, 6, 0
+        ev_stub ev_gp, 13, 1
+        ev_stub ev_pf, 14, 1
+        ev_stub ev_tick, 0x30, 0
+
+/* The stack: vector, error, RIP, CS, RFLAGS, RSP, SS. ev_trap: vector 0,
+ * error 8, RIP 16, CS 24, RFLAGS 32, RSP 40, the page's bytes 48, the
+ * stack's top at entry 56, CR2 64. */
+ev_trap_common:
+        lea ev_trap(%rip), %rax
+        mov 0(%rsp), %rbx
+        mov %rbx, 0(%rax)
+        mov 8(%rsp), %rbx
+        mov %rbx, 8(%rax)
+        mov 16(%rsp), %rbx
+        mov %rbx, 16(%rax)
+        mov 24(%rsp), %rbx
+        mov %rbx, 24(%rax)
+        mov 32(%rsp), %rbx
+        mov %rbx, 32(%rax)
+        mov 40(%rsp), %rbx
+        mov %rbx, 40(%rax)
+        lea 56(%rsp), %rbx
+        mov %rbx, 56(%rax)
+        mov %cr2, %rbx
+        mov %rbx, 64(%rax)
+        mov $0xfee000b0, %ebx
+        movl $0, (%rbx)
+        mov $1, %eax
+        jmp ev_done
+
+/* A kernel-mode tick that returns by IRETQ: the page's bytes at entry and
+ * the frame's CS and RFLAGS. */
+        .globl ev_tick_iret
+ev_tick_iret:
+        push %rax
+        push %rbx
+        mov vif_ptr(%rip), %rax
+        movzwl (%rax), %ebx
+        mov %rbx, ev_iret+0(%rip)
+        mov 24(%rsp), %rbx
+        mov %rbx, ev_iret+8(%rip)
+        mov 32(%rsp), %rbx
+        mov %rbx, ev_iret+16(%rip)
+        incq ev_iret+24(%rip)
+        mov $0xfee000b0, %eax
+        movl $0, (%rax)
+        pop %rbx
+        pop %rax
+        iretq
+
+/* User code: a bounded spin a tick can interrupt, then SYSCALL. */
+        .globl ev_user_spin
+ev_user_spin:
+        mov $400000000, %rbx
+1:      dec %rbx
+        jnz 1b
+        .globl ev_user_syscall
+ev_user_syscall:
+        syscall
+/* User code that reads an address no page table maps (above the boot
+ * tables' 4 GiB), for where the mode puts CR2. */
+        .globl ev_user_fault
+ev_user_fault:
+        movabs 0x200000000, %rax
+        syscall
+
+/* User code that reads the address in %rbx (the kernel's half). */
+        .globl ev_user_read
+ev_user_read:
+        mov (%rbx), %rax
+        syscall
+
+/* Kernel code: a divide error (for the IST gate), and loads of the
+ * kernel's data selector into DS, ES and SS and a far return to its code
+ * selector, as Linux's startup does. */
+        .globl ev_divide
+ev_divide:
+        xor %ecx, %ecx
+        div %rcx
+        ret
+/* The page's IF set (a tick is pending), then SWAPGS, the next trapped
+ * instruction: is the tick delivered before it or after? */
+        .globl ev_swapgs
+ev_swapgs:
+        mov vif_ptr(%rip), %rax
+        movb $1, (%rax)
+        .globl ev_swapgs_at
+ev_swapgs_at:
+        swapgs
+        .globl ev_swapgs_after
+ev_swapgs_after:
+        swapgs
+        ret
+        .globl ev_segments
+ev_segments:
+        mov $0x10, %eax
+        mov %eax, %ds
+        mov %eax, %es
+        mov %eax, %ss
+        pop %rax
+        pushq $0x08
+        push %rax
+        lretq
+
+        .data
+        .globl vif_ptr, ev_trap, ev_iret, ev_syscall_vif, ev_user_rax
+ev_user_rax:
+        .quad 0
+vif_ptr:
+        .quad 0
+ev_rsp:
+        .quad 0
+ev_syscall_vif:
+        .quad 0
+ev_trap:
+        .space 80
+ev_iret:
+        .space 32

@@ -25,7 +25,12 @@
  * user memory (native.S, trampoline_probe). `halt=1` asks how HLT and the
  * page's interrupt flag (byte 0) and pending byte (byte 1) work together
  * with the LAPIC timer, and whether lwpvmm's halt (the power port's value
- * 2) sleeps until the tick. */
+ * 2) sleeps until the tick. `events=1` asks where interrupts and
+ * exceptions land in the mode and what they do to the page's IF: from
+ * kernel and user mode, with the page's IF on and off, pending as the IF
+ * is set before SWAPGS and SYSRETQ, through an IST gate, and whether user
+ * mode reaches the kernel's half (a -2 GiB alias) before and after kernel
+ * mode has. */
 
 typedef unsigned char u8;
 typedef unsigned short u16;
@@ -332,6 +337,234 @@ static void halt_probe(void)
     vif[0] = 0;
 }
 
+/* What the events probe records of a trap (native.S, ev_trap_common). */
+struct trap {
+    u64 vector, error, rip, cs, rflags, rsp, vif, stack_top, cr2, pad;
+};
+extern u64 vif_ptr;
+extern struct trap ev_trap;
+extern u64 ev_iret[4];
+extern u64 ev_syscall_vif, ev_user_rax;
+u64 probe_kernel(void (*fn)(void));
+u64 probe_user(void *entry, u64 rflags, u64 rsp, u64 unused, u64 rbx);
+extern char ev_syscall[], ev_de[], ev_ud[], ev_gp[], ev_pf[], ev_tick[], ev_tick_iret[];
+extern char ev_user_spin[], ev_user_syscall[], ev_user_fault[], ev_user_read[];
+void ev_divide(void);
+void ev_segments(void);
+void ev_swapgs(void);
+u64 probe_user_if_on(void *entry, u64 rflags, u64 rsp);
+extern char ev_sysret_at[], ev_swapgs_at[], ev_swapgs_after[];
+static u8 user_stack[8192] __attribute__((aligned(16)));
+static u8 ist_stack[4096] __attribute__((aligned(16)));
+static u64 high_pdpt[512] __attribute__((aligned(4096)));
+
+/* The kernel's -2 GiB alias of the first GiB (Linux's kernel text lies
+ * there), added to the boot page tables. */
+#define HIGH_ALIAS 0xffffffff80000000ULL
+
+/* A probe's outcome: no trap (what a SYSCALL from user mode found in the
+ * page's bytes), or where the trap came and what it found. */
+static void trap_line(const char *what, int user, u64 trapped)
+{
+    puts("native: ");
+    puts(what);
+    if (!trapped) {
+        puts(": no trap");
+        if (user) {
+            puts(", syscall saw the page's bytes 0x");
+            put_num(ev_syscall_vif, 16);
+        }
+        puts("\n");
+        return;
+    }
+    puts(": vector ");
+    put_num(ev_trap.vector, 10);
+    puts(" error 0x");
+    put_num(ev_trap.error, 16);
+    puts(" cs 0x");
+    put_num(ev_trap.cs, 16);
+    puts(" rflags.IF ");
+    put_num(ev_trap.rflags >> 9 & 1, 10);
+    puts(" the page's bytes at entry 0x");
+    put_num(ev_trap.vif, 16);
+    puts(" stack ");
+    if (ev_trap.stack_top == (u64)(fault_stack + sizeof(fault_stack)))
+        puts("TSS.RSP0");
+    else if (ev_trap.stack_top == (u64)(ist_stack + sizeof(ist_stack)))
+        puts("TSS.IST1");
+    else {
+        puts("0x");
+        put_num(ev_trap.stack_top, 16);
+    }
+    puts(" cr2 0x");
+    put_num(ev_trap.cr2, 16);
+    puts(" the page's cr2 0x");
+    put_num(*(volatile u64 *)(vif_ptr + 8), 16);
+    puts("\n");
+}
+
+static void user_read_line(const char *when, u64 trapped)
+{
+    puts("native: a user read of the -2 GiB alias of 0x400000 ");
+    puts(when);
+    if (trapped) {
+        puts(" faulted: #PF error 0x");
+        put_num(ev_trap.error, 16);
+    } else {
+        puts(" read 0x");
+        put_num(ev_user_rax, 16);
+    }
+    puts("\n");
+}
+
+static void arm_tick(u32 count)
+{
+    lapic_write(0xf0, 0x1ff);
+    lapic_write(0x3e0, 0xb);
+    lapic_write(0x320, TIMER_VECTOR);
+    lapic_write(0x380, count);
+}
+
+/* A tick made pending with the page's IF off, then the page's IF set just
+ * before SWAPGS (kernel) or SYSRETQ (user_rsp != 0); whether it trapped. */
+static u64 pending_then(int kernel, u64 user_rsp)
+{
+    volatile u8 *vif = (volatile u8 *)vif_ptr;
+    vif[0] = 0;
+    arm_tick(100000);
+    u64 t0 = tsc();
+    while (!vif[1] && tsc() - t0 < 8000000000ULL)
+        ;
+    if (kernel)
+        return probe_kernel(ev_swapgs);
+    return probe_user_if_on(ev_user_syscall, 0x202, user_rsp);
+}
+
+static void where_line(const char *insn, u64 trapped, u64 at, u64 after)
+{
+    puts("native: a tick pending as the page's IF is set just before ");
+    puts(insn);
+    if (!trapped) {
+        puts(": not delivered\n");
+        return;
+    }
+    if (ev_trap.rip == at)
+        puts(": delivered before it");
+    else if (ev_trap.rip == after)
+        puts(": delivered after it");
+    else {
+        puts(": delivered at rip 0x");
+        put_num(ev_trap.rip, 16);
+    }
+    puts(", frame cs 0x");
+    put_num(ev_trap.cs, 16);
+    puts("\n");
+}
+
+static void events_probe(void)
+{
+    volatile u8 *vif = (volatile u8 *)rdmsr(MSR_NATIVE);
+    if (!vif) {
+        puts("native: events probe: not in native mode\n");
+        return;
+    }
+    vif_ptr = (u64)vif;
+    probe_setup(ev_syscall);
+    gate(0, (u64)ev_de);
+    gate(6, (u64)ev_ud);
+    gate(13, (u64)ev_gp);
+    gate(14, (u64)ev_pf);
+    u64 user_rsp = (u64)(user_stack + sizeof(user_stack));
+
+    /* A kernel-mode tick returned by IRETQ. */
+    gate(TIMER_VECTOR, (u64)ev_tick_iret);
+    vif[0] = 1;
+    u64 t0 = tsc();
+    arm_tick(100000);
+    while (!ev_iret[3] && tsc() - t0 < 8000000000ULL)
+        __asm__ volatile("mov %%cr0, %%rax" ::: "rax", "memory");
+    puts("native: a kernel-mode tick: the page's bytes at entry 0x");
+    put_num(ev_iret[0], 16);
+    puts(", frame cs 0x");
+    put_num(ev_iret[1], 16);
+    puts(" rflags.IF ");
+    put_num(ev_iret[2] >> 9 & 1, 10);
+    puts("; after its IRETQ the page's bytes 0x");
+    put_num(*(volatile u16 *)vif, 16);
+    puts("\n");
+
+    /* Ticks in user mode, the page's IF on and off. */
+    gate(TIMER_VECTOR, (u64)ev_tick);
+    vif[0] = 1;
+    arm_tick(100000);
+    trap_line("a user-mode tick, the page's IF on", 1, probe_user(ev_user_spin, 0x202, user_rsp, 0, 0));
+    vif[0] = 0;
+    arm_tick(100000);
+    trap_line("a user-mode tick, the page's IF off", 1, probe_user(ev_user_spin, 0x202, user_rsp, 0, 0));
+    puts("native: after it the page's bytes 0x");
+    put_num(*(volatile u16 *)vif, 16);
+    puts("\n");
+    /* The tick still pending comes now, to a handler that returns. */
+    gate(TIMER_VECTOR, (u64)ev_tick_iret);
+    vif[0] = 1;
+    __asm__ volatile("mov %%cr0, %%rax" ::: "rax", "memory");
+    vif[0] = 0;
+
+    /* A tick pending when the page's IF is set just before SWAPGS and
+     * just before SYSRETQ: delivered before the instruction or after? */
+    gate(TIMER_VECTOR, (u64)ev_tick);
+    where_line("SWAPGS", pending_then(1, 0), (u64)ev_swapgs_at, (u64)ev_swapgs_after);
+    where_line("SYSRETQ", pending_then(0, user_rsp), (u64)ev_sysret_at, (u64)ev_user_syscall);
+
+    /* SYSCALL's effect on the page's IF (FMASK clears IF). */
+    vif[0] = 1;
+    trap_line("a SYSCALL with the page's IF on", 1, probe_user(ev_user_syscall, 0x202, user_rsp, 0, 0));
+    vif[0] = 0;
+
+    /* A user-mode #PF: error code, CR2 and the page's cr2 cell. */
+    trap_line("a user-mode #PF", 1, probe_user(ev_user_fault, 0x202, user_rsp, 0, 0));
+
+    /* A kernel-mode exception through an IST gate. */
+    u64 ist = (u64)(ist_stack + sizeof(ist_stack));
+    tss[9] = (u32)ist;
+    tss[10] = (u32)(ist >> 32);
+    gate(0, (u64)ev_de);
+    idt[0] |= 1ULL << 32;
+    trap_line("a kernel-mode #DE through an IST gate", 0, probe_kernel(ev_divide));
+
+    /* Loads of the kernel's selectors and a far return. */
+    u16 ds = 0, ss = 0;
+    u64 trapped = probe_kernel(ev_segments);
+    __asm__ volatile("mov %%ds, %0; mov %%ss, %1" : "=r"(ds), "=r"(ss));
+    trap_line("MOV to DS, ES, SS and LRETQ at CPL0", 0, trapped);
+    puts("native: then ds 0x");
+    put_num(ds, 16);
+    puts(" ss 0x");
+    put_num(ss, 16);
+    puts("\n");
+
+    /* The kernel's half, mapped U=1 (the -2 GiB alias): does user mode
+     * reach it before and after kernel mode has, and can SYSRETQ go
+     * there (a trampoline there)? */
+    u64 *pml4;
+    __asm__ volatile("mov %%cr3, %0" : "=r"(pml4));
+    high_pdpt[510] = ((u64 *)((u64)pml4[0] & ~0xfffULL))[0];
+    pml4[511] = (u64)high_pdpt | PTE_P_RW_U;
+    __asm__ volatile("mov %%cr3, %%rax; mov %%rax, %%cr3" ::: "rax", "memory");
+    *(volatile u64 *)SECRET_AT = SECRET;
+    u64 alias = SECRET_AT + HIGH_ALIAS;
+    user_read_line("before the kernel", probe_user(ev_user_read, 0x202, user_rsp, 0, alias));
+    puts("native: a kernel read of the -2 GiB alias of 0x400000 reads 0x");
+    put_num(*(volatile u64 *)alias, 16);
+    puts("\n");
+    user_read_line("after the kernel", probe_user(ev_user_read, 0x202, user_rsp, 0, alias));
+    trap_line("SYSRETQ to code at the -2 GiB alias", 1, probe_user((void *)((u64)ev_user_syscall + HIGH_ALIAS), 0x202, user_rsp, 0, 0));
+
+    gate(14, (u64)iso_pf);
+    gate(6, (u64)tramp_ud);
+    gate(TIMER_VECTOR, (u64)timer_entry);
+}
+
 static void isolation(void)
 {
     *(volatile u64 *)SECRET_AT = SECRET;
@@ -376,6 +609,8 @@ void native_main(const u8 *zero_page)
         trampoline();
     if (arg("halt", 0))
         halt_probe();
+    if (arg("events", 0))
+        events_probe();
     report("native: cpl0 loop ", n, " iterations in ", spin(n));
     if (arg("user", 0)) {
         /* SYSCALL to the kernel's 64-bit selectors (0x08, 0x10), SYSRET to
