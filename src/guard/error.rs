@@ -9,7 +9,7 @@ use crate::lwp::fault::{
     GuestFault, PF_FETCH, PF_PRESENT, PF_PROTECTION_KEY, PF_RESERVED, PF_USER, PF_WRITE,
 };
 
-use super::paging::Access;
+use super::access::Access;
 
 /// A level of the 4-level page-table walk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

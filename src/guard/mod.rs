@@ -7,6 +7,7 @@
 
 #![deny(missing_docs)]
 
+mod access;
 mod error;
 pub mod pagetable;
 pub mod paging;
@@ -14,12 +15,9 @@ mod ram;
 pub mod reserved;
 mod view;
 
+pub use access::Access;
 pub use error::{GuardError, Level};
-pub use paging::{Access, Paging, PagingCaps, Translation};
+pub use paging::{Paging, PagingCaps, Translation};
+pub use ram::GuestMemory;
 pub use reserved::Vendor;
 pub use view::GuestView;
-
-/// The guest memory type the VMM uses. Each region keeps a bitmap of the
-/// pages lwpvmm itself wrote (vm-memory marks it on every write), which
-/// diff snapshots merge with KVM's dirty log of the guest's own writes.
-pub type GuestMemory = vm_memory::GuestMemoryMmap<vm_memory::bitmap::AtomicBitmap>;

@@ -6,8 +6,8 @@ use bitflags::bitflags;
 use thiserror::Error;
 use vm_memory::{Bytes, GuestAddress};
 
-use super::GuestMemory;
 use super::error::Level;
+use super::ram::GuestMemory;
 
 bitflags! {
     /// Paging-entry bits the builder sets.

@@ -11,8 +11,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use vm_memory::bitmap::Bitmap;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryRegion, VolatileMemory};
 
-use super::GuestMemory;
+use super::access::Access;
 use super::error::{GuardError, Level};
+use super::ram::GuestMemory;
 use super::ram::Ram;
 use super::reserved::{EntryKind, ReservedBits, Vendor, physical_width};
 use crate::lwp::cpuid::CpuidEntry;
@@ -42,43 +43,6 @@ const EFER_NXE: u64 = 1 << 11;
 /// How often a walk is retried when another vCPU changes an entry between
 /// the read and the Accessed/Dirty update.
 const WALK_ATTEMPTS: usize = 8;
-
-/// The kind of access a translation is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Access {
-    /// A CPL3 load (LWPCB reads).
-    UserRead,
-    /// A CPL3 store (LWPCB updates, ring records).
-    UserWrite,
-    /// A supervisor load (exception frames, paravirtual call areas).
-    SupervisorRead,
-    /// A supervisor store.
-    SupervisorWrite,
-    /// A CPL3 instruction fetch.
-    UserFetch,
-    /// A supervisor instruction fetch.
-    SupervisorFetch,
-}
-
-impl Access {
-    /// True for CPL3 accesses.
-    pub fn is_user(self) -> bool {
-        matches!(
-            self,
-            Access::UserRead | Access::UserWrite | Access::UserFetch
-        )
-    }
-
-    /// True for stores.
-    pub fn is_write(self) -> bool {
-        matches!(self, Access::UserWrite | Access::SupervisorWrite)
-    }
-
-    /// True for instruction fetches.
-    pub fn is_fetch(self) -> bool {
-        matches!(self, Access::UserFetch | Access::SupervisorFetch)
-    }
-}
 
 /// What the guest's processor offers that changes a page walk, from the
 /// CPUID table the guest sees.

@@ -15,9 +15,12 @@ use vm_memory::{
     MemoryRegionAddress,
 };
 
-use super::GuestMemory;
-
 type Region = GuestRegionMmap<AtomicBitmap>;
+
+/// The guest memory type the VMM uses. Each region keeps a bitmap of the
+/// pages lwpvmm itself wrote (vm-memory marks it on every write), which
+/// diff snapshots merge with KVM's dirty log of the guest's own writes.
+pub type GuestMemory = vm_memory::GuestMemoryMmap<vm_memory::bitmap::AtomicBitmap>;
 
 /// One operation's accesses to guest RAM.
 pub(crate) struct Ram<'m> {

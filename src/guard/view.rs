@@ -5,11 +5,12 @@
 use crate::lwp::fault::GuestFault;
 use crate::lwp::memory::UserMemory;
 
-use super::GuestMemory;
+use super::access::Access;
 use super::error::GuardError;
 use super::paging::{
-    Access, Marking, Paging, TableCache, is_canonical, probe_cached, translate, translate_in,
+    Marking, Paging, TableCache, is_canonical, probe_cached, translate, translate_in,
 };
+use super::ram::GuestMemory;
 use super::ram::Ram;
 
 /// Guest memory as seen through one vCPU's page tables.

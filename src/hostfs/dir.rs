@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use rustix::fs::{AtFlags, Mode, OFlags};
 
-use super::{DIR_WALK_FLAGS, HostFsError, Input, Kind, Links, open_checked, open_dir_fd};
-use crate::hostfs::Access;
+use super::input::Access;
+use super::input::{DIR_WALK_FLAGS, HostFsError, Input, Kind, Links, open_checked, open_dir_fd};
 
 /// How often a fresh name is tried when one is taken.
 const FRESH_NAME_ATTEMPTS: u32 = 16;

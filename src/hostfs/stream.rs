@@ -8,7 +8,7 @@ use std::path::Path;
 
 use rustix::fs::{AtFlags, Mode, OFlags};
 
-use super::{HostFsError, Kind, same_regular};
+use super::input::{HostFsError, Kind, same_regular};
 
 /// Whether an existing regular file is emptied or added to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

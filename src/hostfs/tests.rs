@@ -3,6 +3,9 @@
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
+use rustix::fs::{Mode, OFlags};
+
+use super::input::*;
 use super::*;
 
 /// A fresh directory of its own for a test.

@@ -9,22 +9,19 @@ use std::sync::OnceLock;
 use std::time::Instant;
 use vm_memory::GuestMemoryBackend;
 
-use kvm_ioctls::{Kvm, SyncReg, VcpuExit};
+use kvm_ioctls::Kvm;
 
 use crate::lwp::cpuid::{GuestLwpSupport, LwpFeatures, LwpProfile};
-use crate::vmm::base::pv::{DB_PORT, EXIT_PORT};
 use crate::vmm::boot;
 use crate::vmm::config::{HostConfig, RestoreConfig, SupervisorMode, VmConfig};
-use crate::vmm::devices::port_bus::{POST_PORT, PortBus};
 use crate::vmm::devices::virtio::VirtioBus;
 use crate::vmm::error::{VmError, setup};
-use crate::vmm::machine::{self, Machine, MachineSpec, Restored};
+use crate::vmm::machine::{self, Machine, MachineSpec, Origin, Restored};
 use crate::vmm::output::RunOutputs;
 use crate::vmm::snapshot::{self, SnapshotError, VmSnapshot, checks};
-use crate::vmm::vcpu::VcpuOps;
 use crate::vmm::vcpu::native;
-use crate::vmm::vcpu::privilege;
 use crate::vmm::vcpu::step::StepBackend;
+use crate::vmm::vcpu::step_probe;
 use crate::vmm::vcpu::vcpu_state;
 use crate::vmm::vmm::Vmm;
 
@@ -62,10 +59,8 @@ pub fn build_for_boot(config: &VmConfig) -> Result<Vmm, VmError> {
         &kvm,
         spec,
         console,
-        |out, irq| Ok(PortBus::new(out, irq)),
-        None,
+        &Origin::Boot,
         backend_for(&kvm, config.profile, config.guest),
-        None,
     )?;
     let virtio = VirtioBus::create(
         &machine.vm,
@@ -211,23 +206,19 @@ pub fn build_from_snapshot(config: &RestoreConfig) -> Result<Vmm, VmError> {
         source: e.into(),
     })?;
     let saved: Vec<_> = snap.vcpus.iter().map(|v| v.lwp.as_ref()).collect();
-    let serial_state = snap.serial.clone();
-    let pm_state = snap.pm;
+    let origin = Origin::Restore(Restored {
+        memory_file: &memory_file,
+        serial: &snap.serial,
+        pm: snap.pm,
+        ioapic: &snap.ioapic,
+        lwp: &saved,
+    });
     let mut machine = machine::create(
         &kvm,
         spec,
         console,
-        |out, irq| {
-            PortBus::from_state(out, irq, &serial_state, pm_state).map_err(|e| {
-                SnapshotError::Mismatch(format!("the serial port's state: {e}")).into()
-            })
-        },
-        Some(Restored {
-            lwp: &saved,
-            ioapic: snap.ioapic,
-        }),
+        &origin,
         backend_for(&kvm, snap.profile, snap.guest),
-        Some(&memory_file),
     )?;
     snapshot::check_layout(&machine.mem, &memory_layout)?;
     if config.verify {
@@ -317,10 +308,8 @@ fn step_backend(kvm: &Kvm) -> StepBackend {
     })
 }
 
-/// Boots the `stepprobe` guest on a throwaway VM: KVM's single-step is
-/// turned on at its CPL3 port write; a Debug exit at CPL3 means the
-/// guest-debug backend works, the guest's #DB doorbell (or the exit port)
-/// means the trap flag went to the guest instead.
+/// Boots the `stepprobe` guest on a throwaway VM and reads the backend from
+/// it (vcpu::step_probe).
 fn probe_step_backend(kvm: &Kvm) -> Result<StepBackend, VmError> {
     let spec = MachineSpec {
         memory_mib: boot::MIN_MEMORY_MIB,
@@ -328,15 +317,7 @@ fn probe_step_backend(kvm: &Kvm) -> Result<StepBackend, VmError> {
         profile: LwpProfile::Off,
         guest: GuestLwpSupport::Stock,
     };
-    let mut machine = machine::create(
-        kvm,
-        spec,
-        Box::new(std::io::sink()),
-        |out, irq| Ok(PortBus::new(out, irq)),
-        None,
-        None,
-        None,
-    )?;
+    let mut machine = machine::create(kvm, spec, Box::new(std::io::sink()), &Origin::Boot, None)?;
     let probe = crate::guests::get("stepprobe").unwrap_or_default();
     boot_kernel(
         &mut machine,
@@ -346,34 +327,5 @@ fn probe_step_backend(kvm: &Kvm) -> Result<StepBackend, VmError> {
         None,
         SupervisorMode::Emulated,
     )?;
-    let vcpu = machine.vcpus[0].kvm();
-    vcpu.fd_mut().set_sync_valid_reg(SyncReg::SystemRegister);
-    let mut enabled = false;
-    for _ in 0..10_000 {
-        // None: a Debug exit; Some(port): a port write; other exits end
-        // the probe.
-        let seen = match vcpu.fd_mut().run() {
-            Ok(VcpuExit::IoOut(port, _)) => Some(Some(port)),
-            Ok(VcpuExit::IoIn(_, data)) => {
-                data.fill(0xff);
-                Some(Some(0))
-            }
-            Ok(VcpuExit::Debug(_)) => Some(None),
-            Err(e) if e.errno() == libc::EINTR => Some(Some(0)),
-            _ => None,
-        };
-        match seen {
-            None => return Ok(StepBackend::TrapFlag),
-            Some(None) if privilege::is_user(&vcpu.sregs()) => {
-                return Ok(StepBackend::GuestDebug);
-            }
-            Some(Some(POST_PORT)) if !enabled => {
-                enabled = true;
-                vcpu.single_step(true)?;
-            }
-            Some(Some(DB_PORT | EXIT_PORT)) => return Ok(StepBackend::TrapFlag),
-            Some(_) => {}
-        }
-    }
-    Ok(StepBackend::TrapFlag)
+    Ok(step_probe::watch(machine.vcpus[0].kvm())?)
 }

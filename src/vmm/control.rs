@@ -6,21 +6,16 @@
 //! stops and joins them. Its seccomp filter goes on once the loop's
 //! descriptors exist.
 
-use std::io::Read;
-use std::os::unix::io::{AsRawFd, RawFd};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use event_manager::{EventManager, EventOps, Events, MutEventSubscriber, SubscriberOps};
+use event_manager::{EventManager, MutEventSubscriber, SubscriberOps};
 use kvm_ioctls::VmFd;
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
-use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
-use vmm_sys_util::timerfd::TimerFd;
 
 use crate::vmm::base::control_error::ControlError;
 use crate::vmm::base::metrics::{DeviceMetrics, VcpuMetrics, VmCounters, VmMetrics};
@@ -28,6 +23,9 @@ use crate::vmm::base::request::{Request, SnapshotInfo, SnapshotKind};
 use crate::vmm::base::seccomp::{self, SeccompMode, ThreadKind};
 use crate::vmm::base::signals::{self, StopSignals};
 use crate::vmm::config::SnapshotPlan;
+use crate::vmm::control_events::{
+    Seen, Sources, arm_sampler, signal_pipe, stdin_is_terminal, timer, timer_error,
+};
 use crate::vmm::devices::port_bus::GuestEnd;
 use crate::vmm::devices::virtio::worker::DeviceThread;
 use crate::vmm::error::VmError;
@@ -36,7 +34,7 @@ use crate::vmm::outcome::{RunOutcome, VmEnd, metrics_document};
 use crate::vmm::output::{RewriteFile, replace_json};
 use crate::vmm::snapshot::{self, MemoryLayout, ParentRef, SnapshotError, VmKvmState, VmSnapshot};
 use crate::vmm::vcpu::native::WATCH_PERIOD;
-use crate::vmm::vcpu::{Shared, VcpuEvent, VcpuHandle, VcpuResponse, VcpuStop};
+use crate::vmm::vcpu::{VcpuEvent, VcpuHandle, VcpuResponse, VcpuShared, VcpuStop};
 
 /// What the control thread needs of the VM itself, beside its vCPUs,
 /// devices and memory: KVM's VM-wide state and its dirty log, for
@@ -59,212 +57,105 @@ impl VmOps for VmFd {
     }
 }
 
-/// Everything the control thread owns.
-pub struct Control {
-    /// The VM (its clock and dirty log for snapshots).
-    pub vm: Arc<dyn VmOps>,
-    /// What the vCPUs share.
-    pub shared: Arc<Shared>,
+/// The threads a control thread watches, and their counters.
+pub struct RunningThreads {
     /// The running vCPUs.
     pub vcpus: Vec<VcpuHandle>,
+    /// Their counters.
+    pub vcpu_metrics: Vec<Arc<VcpuMetrics>>,
     /// The virtio device thread, when the VM has devices.
     pub devices: Option<DeviceThread>,
-    /// Their counters.
-    pub metrics: Vec<Arc<VcpuMetrics>>,
     /// Each virtio device's counters.
     pub device_metrics: Vec<Arc<DeviceMetrics>>,
-    /// The VM's own counters (snapshots), which this thread keeps.
-    pub vm_metrics: VmMetrics,
+}
+
+/// How a control thread runs: where its output goes, what it is asked
+/// and what it was told.
+pub struct ControlSetup {
     /// The metrics file.
     pub metrics_file: Option<RewriteFile>,
-    /// What the machine is.
-    pub spec: MachineSpec,
     /// When and where to take snapshots.
     pub plan: SnapshotPlan,
     /// The sampler's rate (0: stopped), when the profile has clock events
-    /// to sample; a request can change it while the VM runs.
+    /// to sample.
     pub sample_hz: Option<u32>,
     /// Requests from handles, and the descriptor that wakes the loop for
     /// them.
     pub requests: (Receiver<Request>, EventFd),
     /// SIGINT, SIGTERM and SIGHUP, when the VM stops on them.
     pub stop_signals: Option<StopSignals>,
-    /// The last snapshot written (or restored from): what a diff snapshot
+    /// The snapshot the VM was restored from: what a first diff snapshot
     /// is on top of.
     pub parent: Option<ParentRef>,
-    /// Snapshots written into numbered directories (`--snapshot-diff`).
-    pub numbered: u32,
 }
 
-/// What the event loop saw, for the loop to act on.
-#[derive(Default)]
-struct Seen {
-    done: bool,
-    signal: Option<i32>,
-    /// What asked for a snapshot since the loop last looked: requests that
-    /// arrive together make one snapshot, whose log line names them all.
-    snapshot: Vec<&'static str>,
-    metrics: bool,
-    samples: u64,
-    requests: bool,
-    /// A vCPU found the SYSCALL quirk's entry: the others are kicked to
-    /// set their breakpoint.
-    syscall_entry: bool,
-    /// Time for a native guest's vCPUs to look where they are.
-    watch: bool,
-}
-
-/// The loop's descriptors.
-struct Sources {
-    exit: EventFd,
-    snapshot_point: EventFd,
-    wake: EventFd,
-    syscall_entry: Option<EventFd>,
-    timer: Option<TimerFd>,
-    sampler: Option<TimerFd>,
-    /// A native guest's watch (`vcpu::native::Watch`).
-    watch: Option<TimerFd>,
-    sigusr1: Option<UnixStream>,
-    sigusr2: Option<UnixStream>,
+/// Everything the control thread owns.
+pub struct ControlThread {
+    /// The VM (its clock and dirty log for snapshots).
+    vm: Arc<dyn VmOps>,
+    /// What the vCPUs share.
+    shared: Arc<VcpuShared>,
+    /// The running vCPUs.
+    vcpus: Vec<VcpuHandle>,
+    /// The virtio device thread, when the VM has devices.
+    devices: Option<DeviceThread>,
+    /// The vCPUs' counters.
+    vcpu_metrics: Vec<Arc<VcpuMetrics>>,
+    /// Each virtio device's counters.
+    device_metrics: Vec<Arc<DeviceMetrics>>,
+    /// The VM's own counters (snapshots), which this thread keeps.
+    vm_metrics: VmMetrics,
+    /// The metrics file.
+    metrics_file: Option<RewriteFile>,
+    /// What the machine is.
+    spec: MachineSpec,
+    /// When and where to take snapshots.
+    plan: SnapshotPlan,
+    /// The sampler's rate (0: stopped), when the profile has clock events
+    /// to sample; a request can change it while the VM runs.
+    sample_hz: Option<u32>,
+    /// Requests from handles, and the descriptor that wakes the loop for
+    /// them.
+    requests: (Receiver<Request>, EventFd),
+    /// SIGINT, SIGTERM and SIGHUP, when the VM stops on them.
     stop_signals: Option<StopSignals>,
-    stdin: Option<std::io::Stdin>,
-    bus: Arc<Mutex<crate::vmm::devices::port_bus::PortBus>>,
-    seen: Seen,
+    /// The last snapshot written (or restored from): what a diff snapshot
+    /// is on top of.
+    parent: Option<ParentRef>,
+    /// Snapshots written into numbered directories (`--snapshot-diff`).
+    numbered: u32,
 }
 
-fn drain(fd: &mut impl Read) {
-    let mut b = [0u8; 64];
-    let _ = fd.read(&mut b);
-}
-
-impl MutEventSubscriber for Sources {
-    fn process(&mut self, events: Events, ops: &mut EventOps) {
-        let fd = events.fd();
-        let seen = &mut self.seen;
-        if fd == self.exit.as_raw_fd() {
-            seen.done = true;
-        } else if fd == self.snapshot_point.as_raw_fd() {
-            let _ = self.snapshot_point.read();
-            seen.snapshot.push("the guest's snapshot point");
-        } else if fd == self.wake.as_raw_fd() {
-            let _ = self.wake.read();
-            seen.requests = true;
-        } else if let Some(e) = self.syscall_entry.as_ref().filter(|e| e.as_raw_fd() == fd) {
-            let _ = e.read();
-            seen.syscall_entry = true;
-        } else if let Some(t) = self.sampler.as_mut().filter(|t| t.as_raw_fd() == fd) {
-            seen.samples += t.wait().unwrap_or(0);
-        } else if let Some(t) = self.watch.as_mut().filter(|t| t.as_raw_fd() == fd) {
-            let _ = t.wait();
-            seen.watch = true;
-        } else if let Some(t) = self.timer.as_mut().filter(|t| t.as_raw_fd() == fd) {
-            let _ = t.wait();
-            seen.snapshot.push("--snapshot-after");
-        } else if let Some(s) = self.sigusr2.as_mut().filter(|s| s.as_raw_fd() == fd) {
-            drain(s);
-            seen.snapshot.push("SIGUSR2");
-        } else if let Some(s) = self.sigusr1.as_mut().filter(|s| s.as_raw_fd() == fd) {
-            drain(s);
-            seen.metrics = true;
-        } else if let Some(signal) = self.stop_signals.as_mut().and_then(|s| s.arrived(fd)) {
-            seen.signal.get_or_insert(signal);
-            seen.done = true;
-        } else {
-            self.console_input(ops);
+impl ControlThread {
+    /// The control thread of `vm` (a machine of `spec`), whose vCPUs share
+    /// `shared`, over the running `threads`, set up as `setup` says; no
+    /// snapshot counted or numbered yet.
+    pub fn new(
+        vm: Arc<dyn VmOps>,
+        shared: Arc<VcpuShared>,
+        threads: RunningThreads,
+        spec: MachineSpec,
+        setup: ControlSetup,
+    ) -> ControlThread {
+        ControlThread {
+            vm,
+            shared,
+            vcpus: threads.vcpus,
+            devices: threads.devices,
+            vcpu_metrics: threads.vcpu_metrics,
+            device_metrics: threads.device_metrics,
+            vm_metrics: VmMetrics::default(),
+            metrics_file: setup.metrics_file,
+            spec,
+            plan: setup.plan,
+            sample_hz: setup.sample_hz,
+            requests: setup.requests,
+            stop_signals: setup.stop_signals,
+            parent: setup.parent,
+            numbered: 0,
         }
     }
 
-    fn init(&mut self, ops: &mut EventOps) {
-        let mut fds: Vec<RawFd> = vec![
-            self.exit.as_raw_fd(),
-            self.snapshot_point.as_raw_fd(),
-            self.wake.as_raw_fd(),
-        ];
-        fds.extend(self.syscall_entry.iter().map(AsRawFd::as_raw_fd));
-        fds.extend(
-            self.timer
-                .iter()
-                .chain(&self.sampler)
-                .chain(&self.watch)
-                .map(AsRawFd::as_raw_fd),
-        );
-        fds.extend(
-            self.sigusr1
-                .iter()
-                .chain(&self.sigusr2)
-                .map(AsRawFd::as_raw_fd),
-        );
-        fds.extend(self.stop_signals.iter().flat_map(StopSignals::fds));
-        for fd in fds {
-            let _ = ops.add(Events::new_raw(fd, EventSet::IN));
-        }
-        if let Some(s) = &self.stdin
-            && ops
-                .add(Events::new_raw(s.as_raw_fd(), EventSet::IN))
-                .is_err()
-        {
-            self.stdin = None;
-        }
-    }
-}
-
-impl Sources {
-    fn console_input(&mut self, ops: &mut EventOps) {
-        let mut buf = [0u8; 64];
-        let n = match &self.stdin {
-            Some(s) => s.lock().read(&mut buf).unwrap_or(0),
-            None => 0,
-        };
-        if n == 0 {
-            if let Some(s) = self.stdin.take() {
-                let _ = ops.remove(Events::new_raw(s.as_raw_fd(), EventSet::IN));
-            }
-            return;
-        }
-        if let Ok(mut bus) = self.bus.lock() {
-            let _ = bus.serial_input(&buf[..n]);
-        }
-    }
-}
-
-/// A socket that receives a byte whenever `signal` arrives (signal-hook
-/// writes it from the handler), for the event loop.
-fn signal_pipe(signal: libc::c_int, what: &'static str) -> Result<UnixStream, VmError> {
-    let err = |source| VmError::Signal { what, source };
-    let (reader, writer) = UnixStream::pair().map_err(err)?;
-    reader.set_nonblocking(true).map_err(err)?;
-    signal_hook::low_level::pipe::register(signal, writer).map_err(err)?;
-    Ok(reader)
-}
-
-fn timer_error(e: vmm_sys_util::errno::Error) -> VmError {
-    VmError::EventLoop(format!("timerfd: {e}"))
-}
-
-/// A timer that fires once after `first`, or a disarmed one.
-fn timer(first: Option<Duration>) -> Result<TimerFd, VmError> {
-    let mut t = TimerFd::new().map_err(timer_error)?;
-    if let Some(first) = first {
-        t.reset(first, None).map_err(timer_error)?;
-    }
-    Ok(t)
-}
-
-/// Fires the sampler `hz` times a second (0: never).
-fn arm_sampler(t: &mut TimerFd, hz: u32) -> Result<(), VmError> {
-    if hz == 0 {
-        return t.clear().map_err(timer_error);
-    }
-    let period = Duration::from_nanos(1_000_000_000 / u64::from(hz));
-    t.reset(period, Some(period)).map_err(timer_error)
-}
-
-fn stdin_is_terminal() -> bool {
-    use std::io::IsTerminal;
-    std::io::stdin().is_terminal()
-}
-
-impl Control {
     /// Runs the VM to its end.
     pub fn run(mut self, seccomp: SeccompMode) -> Result<RunOutcome, VmError> {
         let event_err = |e: event_manager::Error| VmError::EventLoop(format!("{e:?}"));
@@ -393,7 +284,7 @@ impl Control {
                 }
                 Request::Metrics(reply) => {
                     let _ = reply.send(VmCounters::of(
-                        &self.metrics,
+                        &self.vcpu_metrics,
                         &self.device_metrics,
                         &self.vm_metrics,
                     ));
@@ -682,7 +573,7 @@ impl Control {
         lwp: &[crate::lwp::unit::UnitStats],
     ) -> Option<String> {
         let file = self.metrics_file.as_ref()?;
-        let counters = VmCounters::of(&self.metrics, &self.device_metrics, &self.vm_metrics);
+        let counters = VmCounters::of(&self.vcpu_metrics, &self.device_metrics, &self.vm_metrics);
         let mut document = metrics_document(end.ok().flatten(), &counters, lwp);
         document.error = end.err().map(ToString::to_string);
         let e = replace_json(file, &document).err()?.to_string();
@@ -696,7 +587,7 @@ impl Control {
             .metrics_file
             .as_ref()
             .ok_or(ControlError::NoMetricsFile)?;
-        let counters = VmCounters::of(&self.metrics, &self.device_metrics, &self.vm_metrics);
+        let counters = VmCounters::of(&self.vcpu_metrics, &self.device_metrics, &self.vm_metrics);
         let document = metrics_document(None, &counters, &[]);
         replace_json(file, &document).map_err(|e| ControlError::host("writing the metrics file", e))
     }
@@ -739,7 +630,9 @@ impl Control {
             }
         }
         if self.shared.recorder.flush().is_err() {
-            self.metrics[0].trace_errors.fetch_add(1, Ordering::Relaxed);
+            self.vcpu_metrics[0]
+                .trace_errors
+                .fetch_add(1, Ordering::Relaxed);
         }
         let end = match (first, signal) {
             (Some(Err(e)), _) => {
@@ -760,7 +653,7 @@ impl Control {
         errors.extend(self.write_metrics(Ok(Some(end)), &lwp));
         Ok(RunOutcome {
             end,
-            metrics: VmCounters::of(&self.metrics, &self.device_metrics, &self.vm_metrics),
+            metrics: VmCounters::of(&self.vcpu_metrics, &self.device_metrics, &self.vm_metrics),
             lwp,
             errors,
         })

@@ -17,7 +17,7 @@ use crate::vmm::base::pv::{EXIT_PORT, SNAPSHOT_PORT};
 use crate::vmm::base::request::{SnapshotKind, VmmHandle};
 use crate::vmm::base::seccomp::SeccompMode;
 use crate::vmm::config::SnapshotPlan;
-use crate::vmm::control::{Control, VmOps};
+use crate::vmm::control::{ControlSetup, ControlThread, RunningThreads, VmOps};
 use crate::vmm::devices::port_bus::{GuestEnd, POST_PORT};
 use crate::vmm::error::VmError;
 use crate::vmm::machine::MachineSpec;
@@ -69,28 +69,27 @@ impl Running {
         let (sender, requests) = channel();
         let wake = Arc::new(EventFd::new(EFD_NONBLOCK).expect("an eventfd"));
         let handle = VmmHandle::new(sender, Arc::clone(&wake), Arc::clone(&shared.recorder));
-        let control = Control {
-            vm: Arc::new(NoKvm),
-            shared,
+        let threads = RunningThreads {
             vcpus: handles,
+            vcpu_metrics: metrics,
             devices: None,
-            metrics,
             device_metrics: Vec::new(),
-            vm_metrics: Default::default(),
+        };
+        let spec = MachineSpec {
+            memory_mib: 2,
+            vcpus,
+            profile: LwpProfile::Off,
+            guest: GuestLwpSupport::Shim,
+        };
+        let setup = ControlSetup {
             metrics_file: None,
-            spec: MachineSpec {
-                memory_mib: 2,
-                vcpus,
-                profile: LwpProfile::Off,
-                guest: GuestLwpSupport::Shim,
-            },
             plan,
             sample_hz: None,
             requests: (requests, wake.try_clone().expect("an eventfd")),
             stop_signals: None,
             parent: None,
-            numbered: 0,
         };
+        let control = ControlThread::new(Arc::new(NoKvm), shared, threads, spec, setup);
         let control = std::thread::spawn(move || control.run(SeccompMode::Off));
         Running {
             handle,

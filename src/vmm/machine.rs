@@ -23,7 +23,8 @@ use crate::lwp::msr::MSR_LWP_CFG;
 use crate::vmm::base::pv::{THRESHOLD_GSI, THRESHOLD_LINES};
 use crate::vmm::boot;
 use crate::vmm::devices::ioapic::{IOAPIC_PINS, IoapicDevice, IoapicState};
-use crate::vmm::devices::port_bus::{PortBus, SERIAL_IRQ};
+use crate::vmm::devices::pm::PmState;
+use crate::vmm::devices::port_bus::{PortBus, SERIAL_IRQ, SerialSnapshot};
 use crate::vmm::error::{VmError, setup};
 use crate::vmm::snapshot::SnapshotError;
 use crate::vmm::vcpu::cpuid;
@@ -96,28 +97,49 @@ pub fn open_kvm() -> Result<Kvm, VmError> {
     Ok(kvm)
 }
 
-/// What a machine starts from: a snapshot's device state, or nothing to
-/// boot.
-pub struct Restored<'a> {
-    /// Each vCPU's LWP state.
-    pub lwp: &'a [Option<&'a LwpState>],
-    /// The IOAPIC's registers.
-    pub ioapic: IoapicState,
+/// Where a machine's state comes from.
+pub enum Origin<'a> {
+    /// A fresh boot: anonymous RAM, every device in its reset state.
+    Boot,
+    /// A snapshot: what it saved of the machine below the vCPUs' registers.
+    Restore(Restored<'a>),
 }
 
-/// Creates the machine. `console` takes the serial output and `bus` builds
-/// the port bus around it and the serial irqfd (from a snapshot's UART
-/// state, or fresh). `saved` holds a snapshot's LWP and IOAPIC state (None
-/// to boot); `backend` is how vCPUs single-step, when the VM offers
-/// precise events to a shim guest.
+/// What a snapshot gives a machine as it is created.
+pub struct Restored<'a> {
+    /// The memory file guest RAM is mapped from.
+    pub memory_file: &'a std::fs::File,
+    /// The serial port's registers.
+    pub serial: &'a SerialSnapshot,
+    /// The power-management registers.
+    pub pm: PmState,
+    /// The IOAPIC's registers.
+    pub ioapic: &'a IoapicState,
+    /// Each vCPU's LWP state.
+    pub lwp: &'a [Option<&'a LwpState>],
+}
+
+/// The VM without its vCPUs: memory, interrupt controllers and the port bus.
+pub struct VmParts {
+    /// The VM.
+    pub vm: Arc<VmFd>,
+    /// Guest RAM.
+    pub mem: Arc<GuestMemory>,
+    /// The port bus, its serial port writing to the console.
+    pub bus: PortBus,
+    /// The IOAPIC.
+    pub ioapic: Arc<IoapicDevice>,
+}
+
+/// Creates the machine from `origin`: the VM (`create_vm`), then its vCPUs
+/// (`create_vcpus`). `console` takes the serial output; `backend` is how
+/// vCPUs single-step, when the VM offers precise events to a shim guest.
 pub fn create(
     kvm: &Kvm,
     spec: MachineSpec,
     console: Box<dyn Write + Send>,
-    bus: impl FnOnce(Box<dyn Write + Send>, EventFd) -> Result<PortBus, VmError>,
-    saved: Option<Restored<'_>>,
+    origin: &Origin<'_>,
     backend: Option<StepBackend>,
-    memory_file: Option<&std::fs::File>,
 ) -> Result<Machine, VmError> {
     let max = kvm.get_max_vcpus().min(MAX_XAPIC_VCPUS);
     if spec.vcpus == 0 || usize::from(spec.vcpus) > max {
@@ -126,14 +148,56 @@ pub fn create(
             max,
         });
     }
+    let VmParts {
+        vm,
+        mem,
+        bus,
+        ioapic,
+    } = create_vm(kvm, spec.memory_mib, console, origin)?;
+    let lwp = match origin {
+        Origin::Boot => &[][..],
+        Origin::Restore(saved) => saved.lwp,
+    };
+    let xsave_size = usize::try_from(vm.check_extension_int(Cap::Xsave2))
+        .ok()
+        .filter(|&n| n >= 4096)
+        .unwrap_or(4096);
+    let vcpus = create_vcpus(kvm, &vm, spec, backend, lwp, xsave_size)?;
+    let msr_indices = kvm
+        .get_msr_index_list()
+        .map_err(setup("KVM_GET_MSR_INDEX_LIST"))?
+        .as_slice()
+        .to_vec();
+    Ok(Machine {
+        vm,
+        mem,
+        bus,
+        ioapic,
+        vcpus,
+        xsave_size,
+        msr_indices,
+        spec,
+        native: false,
+    })
+}
+
+/// The VM: its memory slots (fresh or mapped from a snapshot's file), the
+/// LWP MSRs routed to userspace, KVM's split irqchip with lwpvmm's IOAPIC,
+/// and the port bus with the serial irqfd.
+pub fn create_vm(
+    kvm: &Kvm,
+    memory_mib: u64,
+    console: Box<dyn Write + Send>,
+    origin: &Origin<'_>,
+) -> Result<VmParts, VmError> {
     let vm = Arc::new(kvm.create_vm().map_err(setup("KVM_CREATE_VM"))?);
     // First, while the VM's SRCU is idle: after a device has registered on
     // one of its buses, the filter's synchronize_srcu waits out a full
     // grace period.
     route_lwp_msrs(&vm)?;
-    let mem = Arc::new(match memory_file {
-        Some(file) => boot::memory_from_file(spec.memory_mib, file)?,
-        None => boot::create_memory(spec.memory_mib)?,
+    let mem = Arc::new(match origin {
+        Origin::Boot => boot::create_memory(memory_mib)?,
+        Origin::Restore(saved) => boot::memory_from_file(memory_mib, saved.memory_file)?,
     });
     register_memory(&vm, &mem)?;
     vm.set_tss_address(TSS_ADDRESS)
@@ -147,14 +211,16 @@ pub fn create(
     };
     vm.enable_cap(&split)
         .map_err(setup("enabling KVM_CAP_SPLIT_IRQCHIP"))?;
+    let ioapic_state = match origin {
+        Origin::Boot => IoapicState::default(),
+        Origin::Restore(saved) => *saved.ioapic,
+    };
     let ioapic = Arc::new(
-        IoapicDevice::new(
-            saved.as_ref().map(|s| s.ioapic).unwrap_or_default(),
-            IoapicDevice::kvm_sink(Arc::clone(&vm)),
-        )
-        .map_err(|e| VmError::Setup {
-            what: "KVM_SET_GSI_ROUTING",
-            source: e.0,
+        IoapicDevice::new(ioapic_state, IoapicDevice::kvm_sink(Arc::clone(&vm))).map_err(|e| {
+            VmError::Setup {
+                what: "KVM_SET_GSI_ROUTING",
+                source: e.0,
+            }
         })?,
     );
     let serial_irq = EventFd::new(EFD_NONBLOCK).map_err(|source| VmError::Thread {
@@ -163,17 +229,31 @@ pub fn create(
     })?;
     vm.register_irqfd(&serial_irq, SERIAL_IRQ)
         .map_err(setup("KVM_IRQFD"))?;
-    let bus = bus(console, serial_irq)?;
+    let bus = match origin {
+        Origin::Boot => PortBus::new(console, serial_irq),
+        Origin::Restore(saved) => PortBus::from_state(console, serial_irq, saved.serial, saved.pm)
+            .map_err(|e| SnapshotError::Mismatch(format!("the serial port's state: {e}")))?,
+    };
+    Ok(VmParts {
+        vm,
+        mem,
+        bus,
+        ioapic,
+    })
+}
+
+/// `spec.vcpus` vCPUs of `vm`, each with the CPUID table lwpvmm builds for
+/// it and its LWP state (`lwp[i]` from a snapshot, or fresh); `xsave_size`
+/// is the VM's KVM_CAP_XSAVE2.
+pub fn create_vcpus(
+    kvm: &Kvm,
+    vm: &Arc<VmFd>,
+    spec: MachineSpec,
+    backend: Option<StepBackend>,
+    lwp: &[Option<&LwpState>],
+    xsave_size: usize,
+) -> Result<Vec<Vcpu>, VmError> {
     let supported = supported_cpuid(kvm)?;
-    let xsave_size = usize::try_from(vm.check_extension_int(Cap::Xsave2))
-        .ok()
-        .filter(|&n| n >= 4096)
-        .unwrap_or(4096);
-    let msr_indices = kvm
-        .get_msr_index_list()
-        .map_err(setup("KVM_GET_MSR_INDEX_LIST"))?
-        .as_slice()
-        .to_vec();
     let shim = spec.guest == GuestLwpSupport::Shim;
     let mut vcpus = Vec::new();
     for id in 0..spec.vcpus {
@@ -200,14 +280,12 @@ pub fn create(
             spec.profile.caps(),
             shim,
             backend,
-            saved
-                .as_ref()
-                .and_then(|s| s.lwp.get(usize::from(id)).copied().flatten()),
+            lwp.get(usize::from(id)).copied().flatten(),
         )
         .map_err(|reason| SnapshotError::Lwp { vcpu: id, reason })?;
         let kvm_vcpu = KvmVcpu::new(
             fd,
-            Arc::clone(&vm),
+            Arc::clone(vm),
             id,
             tsc_offset,
             PagingSource::new(&seen),
@@ -216,17 +294,7 @@ pub fn create(
         );
         vcpus.push(Vcpu::new(kvm_vcpu, table, lwp, tsc_khz));
     }
-    Ok(Machine {
-        vm,
-        mem,
-        bus,
-        ioapic,
-        vcpus,
-        xsave_size,
-        msr_indices,
-        spec,
-        native: false,
-    })
+    Ok(vcpus)
 }
 
 /// KVM's supported CPUID.

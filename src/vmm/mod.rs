@@ -11,6 +11,7 @@ pub mod boot;
 pub mod builder;
 pub mod config;
 pub mod control;
+mod control_events;
 #[cfg(test)]
 mod control_tests;
 pub mod devices;

@@ -5,9 +5,9 @@
 //! snapshots, reads the metrics of and stops the running VM from any thread:
 //! what a control API drives.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, channel};
-use std::sync::{Arc, Mutex};
 use std::thread;
 
 use kvm_ioctls::VmFd;
@@ -20,7 +20,7 @@ use crate::vmm::base::recorder::Recorder;
 use crate::vmm::base::request::{Request, VmmHandle};
 use crate::vmm::base::signals::StopSignals;
 use crate::vmm::config::HostConfig;
-use crate::vmm::control::Control;
+use crate::vmm::control::{ControlSetup, ControlThread, RunningThreads};
 use crate::vmm::devices::virtio::VirtioBus;
 use crate::vmm::devices::virtio::worker::DeviceThread;
 use crate::vmm::error::VmError;
@@ -29,7 +29,7 @@ use crate::vmm::outcome::RunOutcome;
 use crate::vmm::output::RunOutputs;
 use crate::vmm::vcpu::native;
 use crate::vmm::vcpu::syscall_quirk::SyscallFixup;
-use crate::vmm::vcpu::{Shared, Vcpu, VcpuEvent, VcpuHandle, kick_handler};
+use crate::vmm::vcpu::{Vcpu, VcpuEvent, VcpuHandle, VcpuShared, VmDevices, kick_handler};
 
 /// The host sockets a VM's devices bound, removed when the run ends (by
 /// the thread that runs it: the device threads may not unlink).
@@ -49,7 +49,7 @@ impl Drop for SocketFiles {
 /// A built VM.
 pub struct Vmm {
     vm: Arc<VmFd>,
-    shared: Arc<Shared>,
+    shared: Arc<VcpuShared>,
     vcpus: Vec<Vcpu>,
     spec: MachineSpec,
     outputs_metrics: Option<crate::vmm::output::RewriteFile>,
@@ -103,30 +103,37 @@ impl Vmm {
                 source,
             })
         };
-        let shared = Arc::new(Shared {
+        // In native mode SYSCALL switches to the kernel as it should: the
+        // quirk is emulated mode's (`auto` leaves it off there).
+        let syscall_fixup = host
+            .syscall_fixup
+            .enabled_for(native)
+            .then(SyscallFixup::new)
+            .transpose()
+            .map_err(|source| VmError::Thread {
+                what: "control",
+                source,
+            })?;
+        let devices = VmDevices {
             mem,
-            bus: Arc::new(Mutex::new(bus)),
+            bus,
             virtio,
             ioapic,
-            stop: Default::default(),
-            xsave_size,
-            msr_indices,
-            recorder: Arc::clone(&recorder),
-            exit: eventfd()?,
-            snapshot_point: eventfd()?,
-            // In native mode SYSCALL switches to the kernel as it should:
-            // the quirk is emulated mode's (`auto` leaves it off there).
-            syscall_fixup: host
-                .syscall_fixup
-                .enabled_for(native)
-                .then(SyscallFixup::new)
-                .transpose()
-                .map_err(|source| VmError::Thread {
-                    what: "control",
-                    source,
-                })?,
-            native,
-        });
+        };
+        let shared = Arc::new(
+            VcpuShared::new(
+                devices,
+                xsave_size,
+                msr_indices,
+                Arc::clone(&recorder),
+                syscall_fixup,
+                native,
+            )
+            .map_err(|source| VmError::Thread {
+                what: "control",
+                source,
+            })?,
+        );
         if host.snapshots.diff {
             crate::vmm::machine::log_dirty_pages(&vm, &shared.mem)?;
         }
@@ -214,23 +221,21 @@ impl Vmm {
                 what: "control",
                 source,
             })?;
-        let control = Control {
-            vm: self.vm,
-            shared: self.shared,
+        let threads = RunningThreads {
             vcpus: handles,
+            vcpu_metrics: metrics,
             devices,
-            metrics,
             device_metrics,
-            vm_metrics: Default::default(),
+        };
+        let setup = ControlSetup {
             metrics_file: self.outputs_metrics,
-            spec: self.spec,
             plan: self.host.snapshots.clone(),
             sample_hz,
             requests: (self.requests, wake),
             stop_signals,
             parent: self.parent,
-            numbered: 0,
         };
+        let control = ControlThread::new(self.vm, self.shared, threads, self.spec, setup);
         let control = thread::Builder::new()
             .name("lwpvmm-control".into())
             .spawn(move || control.run(seccomp))

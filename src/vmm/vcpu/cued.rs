@@ -21,7 +21,7 @@ use vmm_sys_util::signal::{SIGRTMIN, register_signal_handler};
 use super::lwp_state::VcpuLwp;
 use super::ops::{Delivery, EmulationFailure, VcpuOps, VcpuRun};
 use super::protocol::VcpuError;
-use super::thread::{Shared, Vcpu, kick_handler};
+use super::thread::{Vcpu, VcpuShared, VmDevices, kick_handler};
 use super::vcpu_state::{VcpuSnapshot, VcpuStateError};
 use crate::guard::GuestMemory;
 use crate::lwp::cpuid::CpuidEntry;
@@ -226,7 +226,7 @@ pub fn kicks_handled() {
 /// What the vCPUs of a VM share, without KVM: 2 MiB of RAM, a port bus
 /// whose console goes nowhere, no virtio devices, an IOAPIC whose routes
 /// are dropped; the snapshot port claimed when `snapshot_port`.
-pub fn shared(snapshot_port: bool) -> Arc<Shared> {
+pub fn shared(snapshot_port: bool) -> Arc<VcpuShared> {
     let eventfd = || EventFd::new(EFD_NONBLOCK).expect("an eventfd");
     let mut bus = PortBus::new(Box::new(std::io::sink()), eventfd());
     if snapshot_port {
@@ -234,18 +234,12 @@ pub fn shared(snapshot_port: bool) -> Arc<Shared> {
     }
     let ioapic = IoapicDevice::new(IoapicState::default(), Box::new(|_| Ok(())))
         .expect("an IOAPIC whose routes go nowhere");
-    Arc::new(Shared {
+    let devices = VmDevices {
         mem: Arc::new(GuestMemory::from_ranges(&[(GuestAddress(0), 2 << 20)]).expect("guest RAM")),
-        bus: Arc::new(Mutex::new(bus)),
+        bus,
         virtio: VirtioBus::default(),
         ioapic: Arc::new(ioapic),
-        stop: Default::default(),
-        xsave_size: 4096,
-        msr_indices: Vec::new(),
-        recorder: Arc::new(Recorder::new(None, false, 1000)),
-        exit: eventfd(),
-        snapshot_point: eventfd(),
-        syscall_fixup: None,
-        native: false,
-    })
+    };
+    let recorder = Arc::new(Recorder::new(None, false, 1000));
+    Arc::new(VcpuShared::new(devices, 4096, Vec::new(), recorder, None, false).expect("eventfds"))
 }

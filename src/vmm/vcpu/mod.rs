@@ -44,6 +44,7 @@ mod run_state;
 pub mod segment;
 mod state_call;
 pub mod step;
+pub mod step_probe;
 mod step_state;
 mod stepper;
 #[cfg(test)]
@@ -63,4 +64,4 @@ pub use lwp_state::{LwpState, VcpuLwp};
 pub use ops::{EmulationFailure, KvmVcpu, VcpuOps, VcpuRun};
 pub use protocol::{VcpuError, VcpuEvent, VcpuResponse, VcpuStep, VcpuStop, VcpuThreadResult};
 pub use step_state::StepState;
-pub use thread::{Shared, Vcpu, VcpuHandle, kick_handler};
+pub use thread::{Vcpu, VcpuHandle, VcpuShared, VmDevices, kick_handler};

@@ -39,7 +39,7 @@ use crate::vmm::vcpu::step::StepBackend;
 use crate::vmm::vcpu::vcpu_state::VcpuSnapshot;
 
 /// What every vCPU of a VM shares.
-pub struct Shared {
+pub struct VcpuShared {
     /// Guest memory.
     pub mem: Arc<GuestMemory>,
     /// The port bus.
@@ -65,6 +65,51 @@ pub struct Shared {
     /// The kernel runs in the host's native supervisor mode: the control
     /// thread watches each vCPU ([`native::Watch`]).
     pub native: bool,
+}
+
+/// The devices a VM's vCPUs reach: guest memory and what lies on the
+/// port bus and the virtio and interrupt lines.
+pub struct VmDevices {
+    /// Guest memory.
+    pub mem: Arc<GuestMemory>,
+    /// The port bus.
+    pub bus: PortBus,
+    /// The virtio devices' register windows.
+    pub virtio: crate::vmm::devices::virtio::VirtioBus,
+    /// The IOAPIC.
+    pub ioapic: Arc<crate::vmm::devices::ioapic::IoapicDevice>,
+}
+
+impl VcpuShared {
+    /// What the vCPUs of a VM with `devices` share: KVM's XSAVE size and
+    /// saveable MSRs (`xsave_size`, `msr_indices`), the `recorder`, the
+    /// SYSCALL quirk's fixup when it is on, whether the kernel runs
+    /// `native`; not stopping yet, with fresh exit and snapshot-point
+    /// descriptors.
+    pub fn new(
+        devices: VmDevices,
+        xsave_size: usize,
+        msr_indices: Vec<u32>,
+        recorder: Arc<Recorder>,
+        syscall_fixup: Option<SyscallFixup>,
+        native: bool,
+    ) -> std::io::Result<VcpuShared> {
+        let eventfd = || EventFd::new(vmm_sys_util::eventfd::EFD_NONBLOCK);
+        Ok(VcpuShared {
+            mem: devices.mem,
+            bus: Arc::new(Mutex::new(devices.bus)),
+            virtio: devices.virtio,
+            ioapic: devices.ioapic,
+            stop: AtomicBool::new(false),
+            xsave_size,
+            msr_indices,
+            recorder,
+            exit: eventfd()?,
+            snapshot_point: eventfd()?,
+            syscall_fixup,
+            native,
+        })
+    }
 }
 
 thread_local! {
@@ -205,7 +250,7 @@ impl<V: VcpuRun + 'static> Vcpu<V> {
     /// KVM_RUN.
     pub fn start(
         mut self,
-        shared: Arc<Shared>,
+        shared: Arc<VcpuShared>,
         seccomp: SeccompMode,
     ) -> std::io::Result<VcpuHandle> {
         let (event_tx, events) = channel();
@@ -250,7 +295,7 @@ impl<V: VcpuRun + 'static> Vcpu<V> {
         })
     }
 
-    fn run_loop(&mut self, shared: &Shared, mailbox: &Mailbox) -> Result<VcpuStop, VcpuError> {
+    fn run_loop(&mut self, shared: &VcpuShared, mailbox: &Mailbox) -> Result<VcpuStop, VcpuError> {
         if let Some(backend) = self.lwp.stepper.backend() {
             let counter = match backend {
                 StepBackend::GuestDebug => &self.metrics.step_backend_guest_debug,
@@ -271,7 +316,7 @@ impl<V: VcpuRun + 'static> Vcpu<V> {
         result
     }
 
-    fn exits(&mut self, shared: &Shared, mailbox: &Mailbox) -> Result<VcpuStop, VcpuError> {
+    fn exits(&mut self, shared: &VcpuShared, mailbox: &Mailbox) -> Result<VcpuStop, VcpuError> {
         let mut hold = false;
         let mut watch = native::Watch::default();
         loop {
@@ -390,7 +435,7 @@ impl<V: VcpuRun + 'static> Vcpu<V> {
     fn events(
         &mut self,
         mailbox: &Mailbox,
-        shared: &Shared,
+        shared: &VcpuShared,
         hold: bool,
     ) -> Result<Option<VcpuStop>, VcpuError> {
         if hold {
@@ -418,7 +463,7 @@ impl<V: VcpuRun + 'static> Vcpu<V> {
     fn paused(
         &mut self,
         mailbox: &Mailbox,
-        shared: &Shared,
+        shared: &VcpuShared,
         entry: Transition,
     ) -> Result<Option<VcpuStop>, VcpuError> {
         if entry.settle {
@@ -459,7 +504,7 @@ impl<V: VcpuRun + 'static> Vcpu<V> {
     }
 
     /// Sends the control thread `reply`.
-    fn reply(&self, mailbox: &Mailbox, shared: &Shared, reply: Option<Reply>) {
+    fn reply(&self, mailbox: &Mailbox, shared: &VcpuShared, reply: Option<Reply>) {
         let response = match reply {
             None => return,
             Some(Reply::Paused) => VcpuResponse::Paused,
@@ -479,7 +524,7 @@ impl<V: VcpuRun + 'static> Vcpu<V> {
     /// The vCPU's whole state: KVM's and its LWP state.
     fn capture(
         &self,
-        shared: &Shared,
+        shared: &VcpuShared,
     ) -> Result<VcpuSnapshot, crate::vmm::base::control_error::ControlError> {
         let id = self.kvm.id();
         let (mut snapshot, skipped) = self

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::cued::{Cue, CuedVcpu, Cues, kicks_handled, shared};
 use super::protocol::{VcpuError, VcpuEvent, VcpuResponse, VcpuStop};
-use super::thread::{Shared, VcpuHandle};
+use super::thread::{VcpuHandle, VcpuShared};
 use crate::vmm::base::control_error::ControlError;
 use crate::vmm::base::pv::{EXIT_PORT, SNAPSHOT_PORT};
 use crate::vmm::base::seccomp::SeccompMode;
@@ -16,7 +16,7 @@ use crate::vmm::devices::port_bus::{GuestEnd, POST_PORT};
 
 /// vCPU 0 of `shared`, started on cue.
 fn start(
-    shared: &std::sync::Arc<Shared>,
+    shared: &std::sync::Arc<VcpuShared>,
 ) -> (
     VcpuHandle,
     Cues,

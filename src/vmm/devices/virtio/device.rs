@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use super::vsock::muxer::MuxerError;
+use super::vsock::error::VsockError;
 use crate::hostfs::HostFsError;
 use crate::vmm::base::control_error::Fault;
 
@@ -217,7 +217,7 @@ pub enum VirtioError {
     NoVsockToOverride,
     /// The vsock device's socket could not be made.
     #[error("vsock: {0}")]
-    Vsock(#[from] super::vsock::muxer::MuxerError),
+    Vsock(#[from] VsockError),
     /// The device thread could not be started.
     #[error("cannot start the virtio devices thread: {0}")]
     Thread(std::io::Error),
@@ -237,13 +237,12 @@ impl VirtioError {
             | VirtioError::TooMany(_)
             | VirtioError::Snapshot(_)
             | VirtioError::NoSuchInterface { .. }
-            | VirtioError::NoVsockToOverride
-            | VirtioError::Vsock(MuxerError::Exists(_)) => Fault::Request,
+            | VirtioError::NoVsockToOverride => Fault::Request,
+            VirtioError::Vsock(e) => e.fault(),
             VirtioError::Tap { .. }
             | VirtioError::Kvm { .. }
             | VirtioError::EventFd(_)
             | VirtioError::Queue(_)
-            | VirtioError::Vsock(MuxerError::Io { .. })
             | VirtioError::Thread(_)
             | VirtioError::Panicked => Fault::Host,
         }

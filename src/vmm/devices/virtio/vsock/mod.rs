@@ -7,6 +7,7 @@
 //! under its own seccomp allowlist: the only device thread that touches
 //! host sockets.
 
+pub mod error;
 pub mod muxer;
 pub mod packet;
 
@@ -19,7 +20,8 @@ use std::sync::atomic::Ordering;
 use virtio_bindings::virtio_ids::VIRTIO_ID_VSOCK;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 
-use self::muxer::{Muxer, MuxerError};
+use self::error::VsockError;
+use self::muxer::Muxer;
 use self::packet::{HDR_LEN, Header, MAX_PAYLOAD};
 use super::device::{DeviceError, DeviceSpec};
 use super::drain::{drain, next_buffer};
@@ -61,7 +63,7 @@ pub struct Vsock {
 
 impl Vsock {
     /// A device for `config`, binding its socket.
-    pub fn new(config: &VsockConfig, metrics: Arc<DeviceMetrics>) -> Result<Self, MuxerError> {
+    pub fn new(config: &VsockConfig, metrics: Arc<DeviceMetrics>) -> Result<Self, VsockError> {
         Ok(Vsock {
             muxer: Muxer::new(config.cid, &config.uds_path)?,
             metrics,
@@ -74,7 +76,7 @@ impl Vsock {
     }
 
     /// A restored device: its guest gets a transport reset first.
-    pub fn restored(config: &VsockConfig, metrics: Arc<DeviceMetrics>) -> Result<Self, MuxerError> {
+    pub fn restored(config: &VsockConfig, metrics: Arc<DeviceMetrics>) -> Result<Self, VsockError> {
         let mut v = Self::new(config, metrics)?;
         v.reset_pending = true;
         v.muxer.kick();

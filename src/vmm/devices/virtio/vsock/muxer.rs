@@ -30,6 +30,7 @@ use nix::sys::socket::{
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
+use super::error::VsockError;
 use super::packet::{
     HDR_LEN, HOST_CID, Header, MAX_PAYLOAD, Op, SHUTDOWN_RCV, SHUTDOWN_SEND, TYPE_STREAM,
 };
@@ -48,24 +49,6 @@ const FIRST_LOCAL_PORT: u32 = 1 << 30;
 
 const LISTENER: u64 = 0;
 const WAKE: u64 = 1;
-
-/// Why the muxer could not be set up.
-#[derive(Debug, thiserror::Error)]
-pub enum MuxerError {
-    /// Something is at `uds_path` already.
-    #[error(
-        "the vsock socket {0} already exists: remove it if no VMM is using it, or give another uds_path"
-    )]
-    Exists(PathBuf),
-    /// The socket or the epoll descriptor could not be made.
-    #[error("cannot create the vsock socket {path}: {source}")]
-    Io {
-        /// The socket's path.
-        path: PathBuf,
-        /// Why.
-        source: io::Error,
-    },
-}
 
 /// Where a connection stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -184,8 +167,8 @@ fn nonblocking(fd: &impl std::os::fd::AsFd) -> io::Result<()> {
     Ok(())
 }
 
-fn io_err(path: &Path) -> impl Fn(io::Error) -> MuxerError + '_ {
-    move |source| MuxerError::Io {
+fn io_err(path: &Path) -> impl Fn(io::Error) -> VsockError + '_ {
+    move |source| VsockError::Io {
         path: path.to_owned(),
         source,
     }
@@ -193,9 +176,9 @@ fn io_err(path: &Path) -> impl Fn(io::Error) -> MuxerError + '_ {
 
 impl Muxer {
     /// Binds `uds_path` (owner-only) for the guest of context `cid`.
-    pub fn new(cid: u64, uds_path: &Path) -> Result<Self, MuxerError> {
+    pub fn new(cid: u64, uds_path: &Path) -> Result<Self, VsockError> {
         if uds_path.symlink_metadata().is_ok() {
-            return Err(MuxerError::Exists(uds_path.to_owned()));
+            return Err(VsockError::Exists(uds_path.to_owned()));
         }
         let err = io_err(uds_path);
         let listener = UnixListener::bind(uds_path).map_err(&err)?;
