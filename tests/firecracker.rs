@@ -26,7 +26,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::{
-    Console, Netns, PROGRAMS, RUN_LIMIT, http, linux, require_kvm, spawn_within, wait_for_path,
+    Console, Netns, PROGRAMS, RUN_LIMIT, http, linux, output_within, require_kvm, spawn_within,
+    wait_for_path,
 };
 
 /// Held by each test that boots the Linux guest: one at a time, each
@@ -623,7 +624,7 @@ fn firecrackers_command_line_is_taken_and_refused_as_firecracker_does() {
     let dir = scratch("args");
     let bin = firecracker(&dir);
     let run = |args: &[&str]| {
-        let out = Command::new(&bin).args(args).output().unwrap();
+        let out = output_within(Command::new(&bin).args(args), RUN_LIMIT);
         (
             out.status.code(),
             String::from_utf8_lossy(&out.stdout).into_owned()
