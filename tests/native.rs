@@ -343,3 +343,29 @@ fn user_mode_is_kept_out_of_kernel_memory_and_gets_every_register_back() {
         );
     }
 }
+
+/// SMP in native mode: the second vCPU, started by INIT and SIPI, runs its real-mode
+/// trampoline and reaches long mode and its own page (0xA1000), and IPIs go both ways, the
+/// BSP's waking the AP from lwpvmm's halt (the power port's value 2).
+#[test]
+fn a_second_vcpu_starts_native_and_trades_ipis_with_the_first() {
+    require_native();
+    let dir = scratch("smp");
+    let kernel = guest(&dir, "native");
+    let out = run(
+        &kernel,
+        "native",
+        "smp=1 iterations=1000 exits=1",
+        &["--vcpus", "2"],
+    );
+    let (console, err) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{console}{err}");
+    let page = native::page_of(1).unwrap();
+    for line in [
+        format!("native: the AP started; its MSR reads {page:#x}, its cpl0 loop "),
+        "native: the AP's IPI reached the BSP: 1\n".to_owned(),
+        "native: the BSP's IPI woke the AP from the power port's halt: yes\n".to_owned(),
+    ] {
+        assert!(console.contains(&line), "`{line}` not in {console}{err}");
+    }
+}

@@ -427,3 +427,73 @@ ev_trap:
         .space 80
 ev_iret:
         .space 32
+
+/* The SMP probe (`smp=1`): the application processor's start. The BSP
+ * copies ap_tramp to 0x8000 (the SIPI's page), fills its four slots and
+ * sends INIT and SIPI; the AP goes from real mode straight to long mode
+ * on the BSP's page tables and GDT and calls ap_main on its own stack.
+ * Everything the trampoline reads is by its address at 0x8000. */
+        .set AP_BASE, 0x8000
+        .text
+        .code16
+        .globl ap_tramp, ap_tramp_end
+ap_tramp:
+        cli
+        xor %ax, %ax
+        mov %ax, %ds
+        lgdtl AP_BASE + (ap_gdtr - ap_tramp)
+        movl AP_BASE + (ap_cr3 - ap_tramp), %eax
+        mov %eax, %cr3
+        mov %cr4, %eax
+        or $0x20, %eax          /* PAE */
+        mov %eax, %cr4
+        mov $0xc0000080, %ecx
+        rdmsr
+        or $0x100, %eax         /* EFER.LME */
+        wrmsr
+        mov %cr0, %eax
+        or $0x80000001, %eax    /* PG, PE */
+        mov %eax, %cr0
+        ljmpl $0x08, $(AP_BASE + (ap_long - ap_tramp))
+        .code64
+ap_long:
+        mov $0x10, %eax
+        mov %eax, %ss
+        mov AP_BASE + (ap_stack - ap_tramp), %rsp
+        call *AP_BASE + (ap_entry - ap_tramp)
+1:      jmp 1b
+        .p2align 3
+        .globl ap_gdtr, ap_cr3, ap_stack, ap_entry
+ap_gdtr:
+        .word 0
+        .quad 0
+        .p2align 3
+ap_cr3:
+        .quad 0
+ap_stack:
+        .quad 0
+ap_entry:
+        .quad 0
+ap_tramp_end:
+
+/* The IPI handlers of the SMP probe (vector 0x31 on the BSP, 0x32 on
+ * the AP): count the interrupt and end it. */
+        .macro ipi_handler name, counter
+        .globl \name
+\name:
+        push %rax
+        lock incq \counter(%rip)
+        mov $0xfee000b0, %eax
+        movl $0, (%rax)
+        pop %rax
+        iretq
+        .endm
+        ipi_handler ipi_bsp_entry, ipi_count
+        ipi_handler ipi_ap_entry, ipi_ap_count
+
+        .data
+        .globl ipi_count, ipi_ap_count
+ipi_count:
+        .quad 0
+ipi_ap_count:
+        .quad 0

@@ -30,7 +30,9 @@
  * kernel and user mode, with the page's IF on and off, pending as the IF
  * is set before SWAPGS and SYSRETQ, through an IST gate, and whether user
  * mode reaches the kernel's half (a -2 GiB alias) before and after kernel
- * mode has. */
+ * mode has. `smp=1` (with two vCPUs) starts the second from the SIPI's
+ * real mode into long mode and native mode, times its CPL0 loop, and sends
+ * IPIs both ways, the second vCPU asleep in lwpvmm's halt for the BSP's. */
 
 typedef unsigned char u8;
 typedef unsigned short u16;
@@ -565,6 +567,108 @@ static void events_probe(void)
     gate(TIMER_VECTOR, (u64)timer_entry);
 }
 
+/* The SMP probe (`smp=1`, with two vCPUs): the AP's start from the
+ * SIPI's real mode in native mode, its page, its loop's speed, and IPIs
+ * both ways, the AP asleep in lwpvmm's halt for the second. */
+extern char ap_tramp[], ap_tramp_end[], ipi_bsp_entry[], ipi_ap_entry[];
+extern struct table_reg ap_gdtr;
+extern u64 ap_cr3, ap_stack, ap_entry;
+extern volatile u64 ipi_count, ipi_ap_count;
+static u8 ap_stack_area[8192] __attribute__((aligned(16)));
+static volatile u64 ap_page, ap_cycles, ap_stage;
+
+#define AP_BASE 0x8000ULL
+#define ICR_LOW 0x300
+#define ICR_HIGH 0x310
+
+static void send_ipi(u32 apic, u32 low)
+{
+    lapic_write(ICR_HIGH, apic << 24);
+    lapic_write(ICR_LOW, low);
+}
+
+/* The AP, in long mode: its page, a timed CPL0 loop, an IPI to the BSP,
+ * then lwpvmm's halt with the page's IF on until the BSP's IPI. */
+static void ap_main(void)
+{
+    struct table_reg i = {sizeof(idt) - 1, (u64)idt};
+    __asm__ volatile("lidt %0" : : "m"(i));
+    volatile u8 *vif = (volatile u8 *)rdmsr(MSR_NATIVE);
+    ap_page = (u64)vif;
+    ap_cycles = spin(10000000);
+    ap_stage = 1;
+    lapic_write(0xf0, 0x1ff);
+    send_ipi(0, 0x4000 | 0x31);
+    ap_stage = 2;
+    if (vif) {
+        vif[0] = 1;
+        while (!ipi_ap_count)
+            outb(POWER_PORT, POWER_HALT);
+    }
+    ap_stage = 3;
+    for (;;)
+        outb(POWER_PORT, POWER_HALT);
+}
+
+static void smp_probe(void)
+{
+    volatile u8 *vif = (volatile u8 *)rdmsr(MSR_NATIVE);
+    probe_setup(iso_syscall);
+    gate(0x31, (u64)ipi_bsp_entry);
+    gate(0x32, (u64)ipi_ap_entry);
+    u8 *tramp = (u8 *)AP_BASE;
+    for (u64 k = 0; k < (u64)(ap_tramp_end - ap_tramp); k++)
+        tramp[k] = ap_tramp[k];
+    struct table_reg *g = (struct table_reg *)(AP_BASE + ((char *)&ap_gdtr - ap_tramp));
+    g->limit = sizeof(gdt) - 1;
+    g->base = (u64)gdt;
+    u64 cr3;
+    __asm__ volatile("mov %%cr3, %0" : "=r"(cr3));
+    *(u64 *)(AP_BASE + ((char *)&ap_cr3 - ap_tramp)) = cr3;
+    *(u64 *)(AP_BASE + ((char *)&ap_stack - ap_tramp)) = (u64)(ap_stack_area + sizeof(ap_stack_area));
+    *(u64 *)(AP_BASE + ((char *)&ap_entry - ap_tramp)) = (u64)ap_main;
+    lapic_write(0xf0, 0x1ff);
+    if (vif)
+        vif[0] = 1;
+    u64 mine = spin(10000000);
+    send_ipi(1, 0x4500);                  /* INIT */
+    send_ipi(1, 0x4600 | (AP_BASE >> 12)); /* SIPI */
+    send_ipi(1, 0x4600 | (AP_BASE >> 12));
+    u64 t0 = tsc();
+    while (ap_stage < 2 && tsc() - t0 < 30000000000ULL)
+        __asm__ volatile("mov %%cr0, %%rax" ::: "rax", "memory");
+    if (ap_stage < 1) {
+        puts("native: the AP did not start\n");
+        return;
+    }
+    puts("native: the AP started; its MSR reads 0x");
+    put_num(ap_page, 16);
+    puts(", its cpl0 loop ");
+    put_num(ap_cycles, 10);
+    puts(" cycles for 10000000 turns (the BSP's ");
+    put_num(mine, 10);
+    puts(")\n");
+    t0 = tsc();
+    while (!ipi_count && tsc() - t0 < 8000000000ULL)
+        __asm__ volatile("mov %%cr0, %%rax" ::: "rax", "memory");
+    puts("native: the AP's IPI reached the BSP: ");
+    put_num(ipi_count, 10);
+    puts("\n");
+    /* The AP sleeps in lwpvmm's halt: the BSP's IPI wakes it. */
+    t0 = tsc();
+    while (tsc() - t0 < 100000000ULL)
+        ;
+    send_ipi(1, 0x4000 | 0x32);
+    t0 = tsc();
+    while (ap_stage < 3 && tsc() - t0 < 8000000000ULL)
+        __asm__ volatile("mov %%cr0, %%rax" ::: "rax", "memory");
+    puts("native: the BSP's IPI woke the AP from the power port's halt: ");
+    puts(ap_stage == 3 ? "yes" : "no");
+    puts("\n");
+    if (vif)
+        vif[0] = 0;
+}
+
 static void isolation(void)
 {
     *(volatile u64 *)SECRET_AT = SECRET;
@@ -611,6 +715,8 @@ void native_main(const u8 *zero_page)
         halt_probe();
     if (arg("events", 0))
         events_probe();
+    if (arg("smp", 0))
+        smp_probe();
     report("native: cpl0 loop ", n, " iterations in ", spin(n));
     if (arg("user", 0)) {
         /* SYSCALL to the kernel's 64-bit selectors (0x08, 0x10), SYSRET to
